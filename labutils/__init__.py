@@ -1,0 +1,34 @@
+"""labutils: launch ranks from a notebook and measure GPU communication honestly.
+
+Public API::
+
+    labutils.launch(fn, *args, world_size=None, backend=None, timeout=120)  # -> list, rank order
+    labutils.RankPool(world_size=None, backend=None, timeout=...)          # persistent ranks
+    labutils.RankError, labutils.RankTimeout, labutils.LaunchConfigError
+    labutils.timing, labutils.bandwidth, labutils.hw, labutils.plots, labutils.recorded
+
+In IPython, ``%load_ext labutils`` adds the ``%ranks`` / ``%%ranks`` magics.
+"""
+from .errors import LaunchConfigError, RankError, RankTimeout
+from .launch import default_config, launch
+
+__version__ = "0.1.0"
+__all__ = ["launch", "default_config", "RankPool", "RankError", "RankTimeout", "LaunchConfigError"]
+
+
+def __getattr__(name):  # lazy: the pool pulls in more machinery than a plain launch needs
+    if name == "RankPool":
+        from .pool import RankPool
+        return RankPool
+    raise AttributeError(f"module 'labutils' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext labutils``: register the rank-pool magics."""
+    from .pool.magics import load_ipython_extension as _load
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .pool.magics import unload_ipython_extension as _unload
+    _unload(ipython)

@@ -1,0 +1,60 @@
+"""Exercise checkers: print a tick, or raise ``ExerciseError`` saying what is wrong and a HINT.
+
+The notebook pattern (so that it still runs end to end unattended)::
+
+    def my_all_reduce(tensors):        # exercise stub
+        raise NotImplementedError       # <- your code here
+
+    checks.lab01.all_reduce(my_all_reduce)   # ✓ ..., or ExerciseError with a HINT
+
+A stub that raises ``NotImplementedError`` (or a prediction left as ``None``) counts as "not
+attempted": the checker says so and checks the reference solution from ``labutils.solutions``
+instead, so the notebook keeps going; a wrong attempt raises.
+"""
+from __future__ import annotations
+
+import math
+
+
+class ExerciseError(AssertionError):
+    """A submitted exercise answer is wrong; the message ends with a HINT."""
+
+
+def passed(what: str) -> None:
+    """Print the success line."""
+    print(f"✓ {what}")
+
+
+def fail(what: str, hint: str) -> None:
+    """Raise ``ExerciseError('✗ what. HINT: hint')``."""
+    raise ExerciseError(f"✗ {what}. HINT: {hint}")
+
+
+def not_attempted(value) -> bool:
+    """True for ``None``/``...`` placeholders."""
+    return value is None or value is Ellipsis
+
+
+def run_or_reference(fn, reference, *args, **kwargs):
+    """Call ``fn(*args, **kwargs)``; if it raises NotImplementedError, say so and use ``reference``.
+
+    Returns:
+        (result, used_reference: bool)
+    """
+    try:
+        return fn(*args, **kwargs), False
+    except NotImplementedError:
+        print("… exercise not attempted yet: checking the reference solution instead "
+              f"({reference.__module__}.{reference.__name__}) so the notebook can continue.")
+        return reference(*args, **kwargs), True
+
+
+def check_close(got: float, expected: float, *, rel_tol: float, what: str, hint: str) -> None:
+    """Pass if ``got`` is within ``rel_tol`` (relative) of ``expected``, else raise with HINT."""
+    try:
+        g = float(got)
+    except (TypeError, ValueError):
+        fail(f"{what}: expected a number, got {got!r}", hint)
+    if not math.isfinite(g) or abs(g - expected) > rel_tol * abs(expected):
+        fail(f"{what}: got {g:.4g}, expected {expected:.4g} (±{rel_tol:.0%})", hint)
+    passed(f"{what}: {g:.4g} (expected {expected:.4g} ±{rel_tol:.0%})")

@@ -1,0 +1,192 @@
+"""Describe the machine: mode, GPUs, how they are linked, software versions, and a fingerprint.
+
+``describe()`` gathers; the ``parse_*`` functions are pure (unit-tested on recorded
+``nvidia-smi`` output) so the logic does not need a GPU to be checked.
+
+Modes (what the labs do with them):
+
+* ``"multi-gpu"``: >= 2 CUDA GPUs: NCCL, live measurements;
+* ``"single-gpu"``: 1 GPU: single-device parts live, the rest from recorded 2xH200 results;
+* ``"cpu"``: gloo ranks for correctness, recorded results for every measurement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import re
+import shutil
+import subprocess
+
+MODES = ("multi-gpu", "single-gpu", "cpu")
+
+
+def detect_mode(n_gpus: int | None = None) -> str:
+    """``"multi-gpu"``, ``"single-gpu"`` or ``"cpu"`` for ``n_gpus`` (None = ask torch)."""
+    if n_gpus is None:
+        from .config import gpu_count
+        n_gpus = gpu_count()
+    return "multi-gpu" if n_gpus >= 2 else ("single-gpu" if n_gpus == 1 else "cpu")
+
+
+def parse_topo_matrix(text: str) -> dict[tuple[int, int], str]:
+    """Parse ``nvidia-smi topo -m`` into ``{(i, j): "NV18" | "PIX" | "SYS" | ...}`` for GPU pairs.
+
+    ANSI escapes (the header is underlined) and non-GPU columns (NICs, CPU affinity) are ignored.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    rows = [line.split() for line in text.splitlines() if line.strip()]
+    header = next((r for r in rows if r and r[0].startswith("GPU")), None)
+    if header is None:
+        return {}
+    gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    links: dict[tuple[int, int], str] = {}
+    for r in rows:
+        if r is header or not re.fullmatch(r"GPU\d+", r[0]):
+            continue
+        i = int(r[0][3:])
+        for col, val in zip(gpu_cols, r[1:1 + len(gpu_cols)]):
+            j = int(col[3:])
+            if i != j:
+                links[(i, j)] = val
+    return links
+
+
+def parse_nvlink_speeds(text: str) -> dict[int, list[float]]:
+    """Parse ``nvidia-smi nvlink -s`` into ``{gpu: [GB/s of each active link]}``.
+
+    Inactive links (``<inactive>``) are left out. The per-link figure is what the driver reports
+    for one direction.
+    """
+    speeds: dict[int, list[float]] = {}
+    gpu = None
+    for line in text.splitlines():
+        m = re.match(r"\s*GPU (\d+):", line)
+        if m:
+            gpu = int(m.group(1))
+            speeds[gpu] = []
+            continue
+        m = re.match(r"\s*Link \d+:\s*([\d.]+)\s*GB/s", line)
+        if m and gpu is not None:
+            speeds[gpu].append(float(m.group(1)))
+    return speeds
+
+
+def _run(cmd: list[str], timeout_s: float = 20.0) -> str:
+    if shutil.which(cmd[0]) is None:
+        return ""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@dataclasses.dataclass
+class GPU:
+    index: int
+    name: str
+    memory_gib: float
+
+
+@dataclasses.dataclass
+class HardwareInfo:
+    """What ``describe()`` found. ``links[(i, j)]`` is the topo code (``NV18`` = 18 NVLinks)."""
+    mode: str
+    gpus: list
+    links: dict
+    peer_access: dict
+    nvlink_gbps: dict
+    torch_version: str
+    cuda_version: str
+    nccl_version: str
+    driver_version: str
+    python_version: str
+    cpu_count: int
+
+    @property
+    def link_peak_gbps(self) -> float | None:
+        """Per-direction NVLink peak of GPU 0 (sum of its active links, GB/s), None if unknown."""
+        v = self.nvlink_gbps.get(0)
+        return round(sum(v), 1) if v else None
+
+    def fingerprint(self) -> str:
+        """One line identifying the hardware and software of a measurement, e.g.
+        ``2x NVIDIA H200 | NV18 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04``."""
+        if self.gpus:
+            names = sorted({g.name for g in self.gpus})
+            parts = [f"{len(self.gpus)}x {'/'.join(names)}"]
+            link = self.links.get((0, 1))
+            if link:
+                parts.append(link)
+        else:
+            parts = [f"CPU only ({platform.machine()}, {self.cpu_count} cores)"]
+        parts.append(f"torch {self.torch_version}")
+        if self.gpus:
+            parts += [f"CUDA {self.cuda_version}", f"NCCL {self.nccl_version}",
+                      f"driver {self.driver_version}"]
+        return " | ".join(parts)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(field, value) rows for a table."""
+        rows = [("mode", self.mode)]
+        for g in self.gpus:
+            rows.append((f"GPU {g.index}", f"{g.name}, {g.memory_gib:.0f} GiB"))
+        for (i, j), code in sorted(self.links.items()):
+            if i < j:
+                peer = self.peer_access.get((i, j))
+                rows.append((f"link GPU{i}-GPU{j}", f"{code} (peer access: {peer})"))
+        if self.link_peak_gbps:
+            n = len(self.nvlink_gbps.get(0, []))
+            rows.append(("NVLink peak per GPU", f"{self.link_peak_gbps} GB/s per direction "
+                         f"({n} links x {self.nvlink_gbps[0][0]} GB/s)"))
+        rows += [("torch", self.torch_version), ("CUDA", self.cuda_version),
+                 ("NCCL", self.nccl_version), ("driver", self.driver_version),
+                 ("python", self.python_version), ("CPU cores", str(self.cpu_count)),
+                 ("fingerprint", self.fingerprint())]
+        return rows
+
+    def __str__(self) -> str:
+        w = max(len(k) for k, _ in self.rows())
+        return "\n".join(f"{k:<{w}}  {v}" for k, v in self.rows())
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'>{v}</td></tr>"
+                       for k, v in self.rows())
+        return f"<table>{body}</table>"
+
+
+def describe(peer_access: bool = True) -> HardwareInfo:
+    """Inspect this machine (GPUs via torch, links via ``nvidia-smi`` when it is installed).
+
+    Args:
+        peer_access: also query ``torch.cuda.can_device_access_peer`` (creates a CUDA context
+            on each GPU in this process; harmless for the labs, which start ranks with spawn).
+    """
+    import os
+    import sys
+    import torch
+    from .config import gpu_count
+    n = gpu_count()
+    gpus = []
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append(GPU(i, p.name, p.total_memory / 2**30))
+    peer = {}
+    if peer_access and n >= 2:
+        peer = {(i, j): torch.cuda.can_device_access_peer(i, j)
+                for i in range(n) for j in range(n) if i != j}
+    links = parse_topo_matrix(_run(["nvidia-smi", "topo", "-m"])) if n >= 2 else {}
+    nvlink = parse_nvlink_speeds(_run(["nvidia-smi", "nvlink", "-s"])) if n >= 1 else {}
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).strip()
+    nccl = ""
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except (RuntimeError, AttributeError):
+            nccl = ""
+    return HardwareInfo(
+        mode=detect_mode(n), gpus=gpus, links=links, peer_access=peer,
+        nvlink_gbps={k: v for k, v in nvlink.items() if v},
+        torch_version=torch.__version__, cuda_version=torch.version.cuda or "none",
+        nccl_version=nccl or "none", driver_version=driver.splitlines()[0] if driver else "none",
+        python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0)

@@ -1,0 +1,166 @@
+"""Process plumbing shared by ``launch`` and ``RankPool``: rendezvous, spawning, output, killing.
+
+* The rendezvous store lives in the *calling* process, on a socket bound to 127.0.0.1 with a port
+  the OS picks (port 0) for every launch: never a fixed port, never all interfaces
+  (``TCPStore(port=0)`` would listen on ``*``, so we hand it a pre-bound loopback socket).
+* Ranks are fresh interpreters (``python -m labutils._rank``), i.e. the *spawn* start method:
+  they work after CUDA was initialised in the notebook, and each gets its own session so that a
+  kill reaches everything it started.
+* Each rank's stdout+stderr arrive through a pipe, line by line, tagged with the rank.
+* Ranks watch their parent and exit if it dies (kernel restart), so nothing is ever orphaned.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+
+
+class LoopbackStore:
+    """A ``torch.distributed.TCPStore`` server on 127.0.0.1 with an OS-chosen free port.
+
+    Attributes:
+        port: the TCP port the ranks connect to.
+        store: the server-side store (the caller can read/write keys too).
+    """
+
+    def __init__(self, timeout_s: float = 300.0):
+        import torch.distributed as dist
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        kw = dict(world_size=None, is_master=True, timeout=timedelta(seconds=timeout_s),
+                  wait_for_workers=False, master_listen_fd=self._sock.fileno())
+        try:
+            self.store = dist.TCPStore("127.0.0.1", self.port, **kw)
+        except (RuntimeError, TypeError):  # older torch: libuv store without fd support
+            self.store = dist.TCPStore("127.0.0.1", self.port, use_libuv=False, **kw)
+        self._sock.detach()  # the store owns the descriptor now and closes it when it goes
+
+    def close(self) -> None:
+        """Stop listening (idempotent): dropping the last reference shuts the server down."""
+        self.store = None
+
+
+def rank_env(rank: int, world_size: int, port: int, backend: str, extra: dict | None = None) -> dict:
+    """Environment for one rank: torchrun-style variables plus loopback-only networking.
+
+    User settings win: ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` are only set when absent.
+    """
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               LABUTILS_RANK=str(rank), PYTHONUNBUFFERED="1")
+    if sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # keep C++ INFO/WARNING chatter out of cells
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def spawn_rank(args: list[str], env: dict, cwd: str | None = None) -> subprocess.Popen:
+    """Start ``python -m labutils._rank <args>`` in its own session with piped output."""
+    return subprocess.Popen(
+        [sys.executable, "-u", "-m", "labutils._rank", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env, cwd=cwd, start_new_session=True, close_fds=True)
+
+
+class OutputRelay:
+    """Reads each rank's output lines in background threads into one queue.
+
+    ``get(timeout)`` returns ``(rank, line)`` or None; lines keep their trailing newline.
+    The printing itself is left to the caller's thread, so that in Jupyter the text lands in the
+    cell that is running.
+    """
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+        self._threads: list[threading.Thread] = []
+
+    def watch(self, rank: int, stream) -> None:
+        t = threading.Thread(target=self._pump, args=(rank, stream), daemon=True,
+                             name=f"labutils-out-{rank}")
+        t.start()
+        self._threads.append(t)
+
+    def _pump(self, rank: int, stream) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                self.queue.put((rank, raw.decode("utf-8", errors="replace")))
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def get(self, timeout: float):
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def drain(self, join_timeout: float = 2.0) -> list[tuple[int, str]]:
+        """Wait for the reader threads (the pipes close when the ranks die) and return what is left."""
+        for t in self._threads:
+            t.join(timeout=join_timeout)
+        out = []
+        while True:
+            item = self.get(0)
+            if item is None:
+                return out
+            out.append(item)
+
+
+def kill_tree(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+    """SIGKILL every process in ``procs`` and all their descendants, then reap them.
+
+    Uses psutil to find descendants (also those that left the session), plus ``killpg`` for the
+    session's group. Safe to call on processes that already exited.
+    """
+    victims: list[psutil.Process] = []
+    for p in procs:
+        try:
+            ps = psutil.Process(p.pid)
+            victims += ps.children(recursive=True)
+            victims.append(ps)
+        except psutil.Error:
+            pass
+        if hasattr(os, "killpg") and p.poll() is None:
+            try:
+                os.killpg(p.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for v in victims:
+        try:
+            v.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=timeout_s)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def free_loopback_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (for code that must bind it itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

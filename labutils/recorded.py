@@ -1,0 +1,121 @@
+"""Live measurements where the hardware exists, recorded 2xH200 results (labelled) where it does not.
+
+A lab measures with its own code; on the reference machine (``LABUTILS_RECORD=1``) the result is
+saved as ``recorded/<name>.json`` beside the notebook, with the hardware fingerprint and date.
+On a machine with too few GPUs the same cell loads that file and says loudly that the numbers
+are *recorded*, where and when -- never passed off as live::
+
+    m = recorded.live_or_recorded("00_copy_bandwidth", measure, gpus_needed=2)
+    m.data        # what measure() returned (JSON types)
+    m.live        # True if measured now
+    m.label       # "live: 2x NVIDIA H200 ..." or "recorded 2026-11-29: 2x NVIDIA H200 ..."
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+RECORD_ENV = "LABUTILS_RECORD"
+DIR_ENV = "LABUTILS_RECORDED_DIR"
+
+
+def recorded_dir() -> Path:
+    """Where recorded results live: ``$LABUTILS_RECORDED_DIR``, else ``./recorded`` when the
+    notebook runs from ``notebooks/``, else ``<repo>/notebooks/recorded``."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    here = Path.cwd() / "recorded"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
+
+
+@dataclasses.dataclass
+class Measurement:
+    """A result and where it came from."""
+    name: str
+    data: dict
+    live: bool
+    fingerprint: str
+    recorded_at: str
+
+    @property
+    def label(self) -> str:
+        """Short provenance for plot titles and tables."""
+        hw = self.fingerprint.split(" | ")[0]
+        return f"live: {hw}" if self.live else f"RECORDED {self.recorded_at[:10]}: {hw}"
+
+
+def _jsonable(x):
+    """Tensors / numpy arrays / numpy scalars -> lists / floats, for json.dump."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if dataclasses.is_dataclass(x):
+        return dataclasses.asdict(x)
+    raise TypeError(f"cannot store {type(x).__name__} in a recorded result; convert it to lists/numbers.")
+
+
+def save(name: str, data: dict, fingerprint: str | None = None, directory: Path | None = None) -> Path:
+    """Write ``data`` with its provenance to ``<dir>/<name>.json`` and return the path."""
+    if fingerprint is None:
+        from .hw import describe
+        fingerprint = describe(peer_access=False).fingerprint()
+    from . import __version__
+    directory = Path(directory) if directory else recorded_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    doc = {"name": name, "fingerprint": fingerprint,
+           "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "labutils_version": __version__, "data": data}
+    path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    return path
+
+
+def load(name: str, directory: Path | None = None) -> Measurement:
+    """Read a recorded result.
+
+    Raises:
+        FileNotFoundError: no such recording (with the command that makes one).
+    """
+    directory = Path(directory) if directory else recorded_dir()
+    path = directory / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no recorded result {name!r} at {path}. HINT: recordings are made by running the lab "
+            f"on >= 2 GPUs with {RECORD_ENV}=1 (see README, 'Recording reference results').")
+    doc = json.loads(path.read_text())
+    return Measurement(doc["name"], doc["data"], False, doc["fingerprint"], doc["recorded_at"])
+
+
+def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int = 2,
+                     record: bool | None = None, n_gpus: int | None = None) -> Measurement:
+    """Measure now if this machine has ``gpus_needed`` GPUs, else load the recording, and say which.
+
+    Args:
+        name: recording name, e.g. ``"01_broadcast_sweep"``.
+        measure: zero-argument function returning JSON-able data (lists, numbers, strings).
+        gpus_needed: GPUs the live measurement needs.
+        record: save a live result as the new recording (default: ``$LABUTILS_RECORD == "1"``).
+        n_gpus: GPU count to assume (tests); None = ask torch.
+    """
+    from .config import gpu_count
+    n_gpus = gpu_count() if n_gpus is None else n_gpus
+    if n_gpus >= gpus_needed:
+        from .hw import describe
+        fp = describe(peer_access=False).fingerprint()
+        data = measure()
+        data = json.loads(json.dumps(data, default=_jsonable))  # same types live and recorded
+        if record if record is not None else os.environ.get(RECORD_ENV) == "1":
+            save(name, data, fingerprint=fp)
+        print(f"LIVE: measured now on {fp}")
+        return Measurement(name, data, True, fp,
+                           _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    m = load(name)
+    print(f"RECORDED: this machine has {n_gpus} GPU(s); this measurement needs {gpus_needed}.\n"
+          f"Showing results recorded by this lab's own code on {m.fingerprint} "
+          f"({m.recorded_at[:10]}). They are not measurements of your machine.")
+    return m

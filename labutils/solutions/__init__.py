@@ -1,0 +1,1 @@
+"""Reference solutions of the labs' exercises (one module per lab). Peek only after trying!"""
