@@ -88,12 +88,23 @@ def dump_result(path: str, status: str, payload) -> None:
     os.replace(tmp, path)
 
 
+def extend_sys_path(path: str) -> None:
+    """Append the caller's ``sys.path`` entries we lack, so by-reference pickles import here too."""
+    import json
+    if os.path.exists(path):
+        with open(path) as f:
+            for entry in json.load(f):
+                if entry not in sys.path:
+                    sys.path.append(entry)
+
+
 def main(argv: list[str]) -> None:
     run_dir, rank, world_size, backend, port, timeout_s, init = argv
     rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
     watch_parent()
     result_path = os.path.join(run_dir, f"result-{rank}.pkl")
     try:
+        extend_sys_path(os.path.join(run_dir, "sys_path.json"))
         with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
             fn, args, kwargs = pickle.load(f)
         if init != "none":  # "none": fn initialises torch.distributed itself

@@ -71,6 +71,34 @@ def parse_nvlink_speeds(text: str) -> dict[int, list[float]]:
     return speeds
 
 
+# GT/s per lane and line-code efficiency by PCIe generation (PCI-SIG base specifications).
+_PCIE_GTS = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130),
+             5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}
+
+
+def pcie_peak_gbps(gen: int, width: int) -> float:
+    """Per-direction PCIe payload ceiling in GB/s before packet overheads, e.g. Gen5 x16 = 63.0.
+
+    Raises:
+        ValueError: unknown generation or width < 1.
+    """
+    if gen not in _PCIE_GTS or width < 1:
+        raise ValueError(f"unknown PCIe link gen {gen!r} x{width!r}. HINT: gen 1..6, width >= 1.")
+    gts, eff = _PCIE_GTS[gen]
+    return round(gts * eff * width / 8, 1)
+
+
+def parse_pcie(text: str) -> dict[int, tuple[int, int]]:
+    """Parse ``nvidia-smi --query-gpu=index,pcie.link.gen.max,pcie.link.width.max
+    --format=csv,noheader`` into ``{gpu: (gen, width)}`` (rows that are not numbers are skipped)."""
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            out[int(parts[0])] = (int(parts[1]), int(parts[2]))
+    return out
+
+
 def _run(cmd: list[str], timeout_s: float = 20.0) -> str:
     if shutil.which(cmd[0]) is None:
         return ""
@@ -95,6 +123,7 @@ class HardwareInfo:
     links: dict
     peer_access: dict
     nvlink_gbps: dict
+    pcie: dict
     torch_version: str
     cuda_version: str
     nccl_version: str
@@ -107,6 +136,16 @@ class HardwareInfo:
         """Per-direction NVLink peak of GPU 0 (sum of its active links, GB/s), None if unknown."""
         v = self.nvlink_gbps.get(0)
         return round(sum(v), 1) if v else None
+
+    @property
+    def pcie_peak_gbps(self) -> float | None:
+        """Per-direction PCIe ceiling of GPU 0 (GB/s) from its maximum link gen/width, None if unknown."""
+        if 0 not in self.pcie:
+            return None
+        try:
+            return pcie_peak_gbps(*self.pcie[0])
+        except ValueError:
+            return None
 
     def fingerprint(self) -> str:
         """One line identifying the hardware and software of a measurement, e.g.
@@ -138,6 +177,9 @@ class HardwareInfo:
             n = len(self.nvlink_gbps.get(0, []))
             rows.append(("NVLink peak per GPU", f"{self.link_peak_gbps} GB/s per direction "
                          f"({n} links x {self.nvlink_gbps[0][0]} GB/s)"))
+        if self.pcie_peak_gbps:
+            gen, width = self.pcie[0]
+            rows.append(("PCIe (host link)", f"Gen{gen} x{width}: {self.pcie_peak_gbps} GB/s per direction"))
         rows += [("torch", self.torch_version), ("CUDA", self.cuda_version),
                  ("NCCL", self.nccl_version), ("driver", self.driver_version),
                  ("python", self.python_version), ("CPU cores", str(self.cpu_count)),
@@ -176,6 +218,8 @@ def describe(peer_access: bool = True) -> HardwareInfo:
                 for i in range(n) for j in range(n) if i != j}
     links = parse_topo_matrix(_run(["nvidia-smi", "topo", "-m"])) if n >= 2 else {}
     nvlink = parse_nvlink_speeds(_run(["nvidia-smi", "nvlink", "-s"])) if n >= 1 else {}
+    pcie = parse_pcie(_run(["nvidia-smi", "--query-gpu=index,pcie.link.gen.max,pcie.link.width.max",
+                            "--format=csv,noheader"])) if n >= 1 else {}
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).strip()
     nccl = ""
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
@@ -186,7 +230,7 @@ def describe(peer_access: bool = True) -> HardwareInfo:
             nccl = ""
     return HardwareInfo(
         mode=detect_mode(n), gpus=gpus, links=links, peer_access=peer,
-        nvlink_gbps={k: v for k, v in nvlink.items() if v},
+        nvlink_gbps={k: v for k, v in nvlink.items() if v}, pcie=pcie,
         torch_version=torch.__version__, cuda_version=torch.version.cuda or "none",
         nccl_version=nccl or "none", driver_version=driver.splitlines()[0] if driver else "none",
         python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0)

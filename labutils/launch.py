@@ -20,6 +20,7 @@ in the current process instead, and the results of all ranks are gathered.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -142,6 +143,9 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
 
     run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
     (run_dir / "payload.pkl").write_bytes(payload)
+    # Functions from modules the caller imported via sys.path tweaks (pytest, notebooks' folders)
+    # are pickled by reference: the ranks need the same import path to find them.
+    (run_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
     store = procs.LoopbackStore(timeout_s=timeout)
     relay = procs.OutputRelay()
     ranks: list = []

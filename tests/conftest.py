@@ -1,0 +1,38 @@
+"""Shared fixtures: GPU counts for skipping, and a guard that no rank process outlives a test."""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+
+def _rank_children():
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "labutils" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves labutils rank/worker processes behind."""
+    before = {p.pid for p in _rank_children()}
+    yield
+    left = [p for p in _rank_children() if p.pid not in before]
+    if left:
+        psutil.wait_procs(left, timeout=3)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"leaked processes: {[p.cmdline() for p in left]}"
+
+
+def gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def needs_gpus(n: int):
+    """``@needs_gpus(2)``: skip unless this machine has at least n CUDA GPUs."""
+    return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPU(s), found {gpu_count()}")

@@ -1,0 +1,57 @@
+"""Timing statistics (pure) and the two benchmark helpers on CPU, with real gloo ranks."""
+import time
+
+import pytest
+import torch.distributed as dist
+
+import labutils
+from labutils import timing
+
+
+def test_summarize_statistics():
+    t = timing.summarize([5, 1, 3, 2, 4])
+    assert (t.median_ms, t.min_ms, t.max_ms) == (3, 1, 5)
+    assert t.p10_ms == pytest.approx(1.4) and t.p90_ms == pytest.approx(4.6)
+    assert t.samples_ms == (5, 1, 3, 2, 4)  # measurement order kept
+    assert t.spread == pytest.approx((4.6 - 1.4) / 3)
+    assert "median of 5" in str(t) and t.median_us == 3000
+
+
+@pytest.mark.parametrize("bad, match", [([], "at least one sample"), ([1, -2], "finite and >= 0"),
+                                        ([float("nan")], "finite"), ([float("inf")], "finite")])
+def test_summarize_rejects(bad, match):
+    with pytest.raises(ValueError, match=match):
+        timing.summarize(bad)
+
+
+@pytest.mark.parametrize("kw", [dict(repeat=0), dict(warmup=-1), dict(inner=0), dict(repeat=2.5)])
+def test_benchmark_rejects_counts(kw):
+    with pytest.raises(ValueError, match="must be an int"):
+        timing.benchmark(lambda: None, **kw)
+
+
+def test_benchmark_cpu_counts_calls_and_measures_the_work():
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.002)
+    t = timing.benchmark(work, warmup=2, repeat=5, inner=2, device="cpu")
+    assert len(calls) == 2 + 5 * 2
+    assert len(t.samples_ms) == 5 and t.min_ms >= 2.0  # each call sleeps 2 ms
+
+
+def _collective_timing(rank, world_size):
+    # rank 1 is slower on every call; no collective inside op, so nothing couples the ranks:
+    # only the max over ranks can report rank 1's time on rank 0.
+    def op():
+        if rank == 1:
+            time.sleep(0.004)
+    t = timing.benchmark_collective(op, warmup=1, iters=3, repeat=4)
+    return t.samples_ms
+
+
+def test_benchmark_collective_reports_slowest_rank(no_leaks):
+    out = labutils.launch(_collective_timing, world_size=2, backend="gloo")
+    assert out[0] == out[1]                      # every rank reports the same samples
+    assert len(out[0]) == 4 and min(out[0]) >= 4.0

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Execute the labs (and optionally the tests and benchmarks) on a GPU machine without a package
+# registry, and pack what must be committed into one tar file.
+#
+#   ../shared/tools/device-wheels.sh            # once, on a machine with pip: Jupyter/nbval wheels -> .whl/
+#   tools/gpu_session.sh [--labs "00 01"] [--no-labs] [--tests] [--bench] [--out DIR]
+#
+# Installs .whl/*.whl into /tmp/site (offline), then:
+#   --labs   python -m labutils run-labs --inplace --record   (notebooks + notebooks/recorded/*.json)
+#   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks)
+#   --bench  the benchmark scripts whose recorded output lives in benchmarks/
+# and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs.
+set -uo pipefail
+labs="" run_labs=1 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --labs) labs="$2"; shift 2 ;;
+    --no-labs) run_labs=0; shift ;;
+    --tests) run_tests=1; shift ;;
+    --bench) run_bench=1; shift ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -m labutils hw | tee "$out/hw.txt"
+rc=0
+if [ "$run_labs" = 1 ]; then
+  # shellcheck disable=SC2086
+  python3 -m labutils run-labs --inplace --record $labs 2>&1 | tee "$out/run_labs.log" || rc=1
+fi
+if [ "$run_bench" = 1 ] && [ -x benchmarks/run_all.sh ]; then
+  benchmarks/run_all.sh 2>&1 | tee "$out/bench.log" || rc=1
+fi
+if [ "$run_tests" = 1 ]; then
+  python3 -m pytest -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -40 || rc=1
+fi
+tar -cf "$out/gpu_results.tar" notebooks/*.ipynb notebooks/recorded benchmarks 2>/dev/null
+echo "packed $out/gpu_results.tar; exit $rc"
+exit $rc
