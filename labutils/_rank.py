@@ -3,18 +3,30 @@
 Reads ``DIR/payload.pkl`` (cloudpickled ``(fn, args, kwargs)``), initialises ``torch.distributed``
 against the caller's loopback store, runs ``fn(rank, world_size, *args, **kwargs)`` and writes
 ``DIR/result-RANK.pkl``: ``("ok", value)`` with CUDA tensors moved to the CPU, or
-``("error", info)``. The helpers here are reused by the rank pool's worker.
+``("error", info)``. A rank that returned then waits until the caller writes ``DIR/release``
+(every rank has a result) before it tears the process group down, so that a rank that returns
+early looks the same under gloo and NCCL: its peers wait, rather than crash on a closed socket.
+While it runs, a daemon thread answers the caller's ``DIR/diagnose`` request with the rank's
+Python stack and flight-recorder summary (``RankTimeout.where`` / ``.flight``).
+The helpers here are reused by the rank pool's worker.
 """
 from __future__ import annotations
 
-import io
+import functools
+import linecache
 import os
 import pickle
 import sys
 import threading
 import time
 import traceback
+import types
 from datetime import timedelta
+
+DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives code it sends by value
+LOAD_HINT = ("modules the function uses must be importable by the ranks (they start a fresh "
+             "`python` with the notebook's sys.path and working directory): define helpers in the "
+             "notebook, or install the module.")
 
 
 def watch_parent(poll_s: float = 0.5) -> None:
@@ -32,6 +44,112 @@ def watch_parent(poll_s: float = 0.5) -> None:
             time.sleep(poll_s)
 
     threading.Thread(target=poll, daemon=True, name="labutils-parent-watch").start()
+
+
+def serve_diagnostics(run_dir: str, rank: int, backend: str, poll_s: float = 0.05) -> None:
+    """Answer the caller's ``run_dir/diagnose`` request once, from a daemon thread.
+
+    Writes ``run_dir/diag-RANK.pkl``: ``{"frames": [(file, line, function), ...] of the main
+    thread, outermost first, "flight": debugging.flight_record(backend) or None}``. A thread (not
+    a signal handler) because the main thread is usually blocked inside C++ with the GIL released.
+    """
+    request = os.path.join(run_dir, "diagnose")
+    main_ident = threading.main_thread().ident
+
+    def answer():
+        while not os.path.exists(request):
+            time.sleep(poll_s)
+        info: dict = {"frames": [], "flight": None}
+        frame = sys._current_frames().get(main_ident)
+        if frame is not None:
+            info["frames"] = [(f.filename, f.lineno, f.name) for f in traceback.extract_stack(frame)]
+        try:
+            from .debugging import flight_record
+            info["flight"] = flight_record(backend)
+        except Exception as exc:  # noqa: BLE001 - best effort: the stack matters more
+            info["flight_error"] = f"{type(exc).__name__}: {exc}"
+        _atomic_write(os.path.join(run_dir, f"diag-{rank}.pkl"), pickle.dumps(info))
+
+    threading.Thread(target=answer, daemon=True, name="labutils-diagnostics").start()
+
+
+def _functions(obj, max_depth: int = 4) -> list[types.FunctionType]:
+    """Functions reachable from ``obj``: itself, containers, closures, and the globals it names."""
+    seen, found, todo = set(), [], [(obj, 0)]
+    while todo:
+        x, depth = todo.pop()
+        if id(x) in seen or depth > max_depth:
+            continue
+        seen.add(id(x))
+        if isinstance(x, functools.partial):
+            todo += [(x.func, depth + 1), (x.args, depth + 1)]
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            todo += [(y, depth + 1) for y in x]
+        elif isinstance(x, dict):
+            todo += [(y, depth + 1) for y in x.values()]
+        elif isinstance(x, types.FunctionType):
+            found.append(x)
+            for cell in x.__closure__ or ():
+                try:
+                    todo.append((cell.cell_contents, depth + 1))
+                except ValueError:  # an empty cell
+                    pass
+            todo += [(x.__globals__[n], depth + 1) for n in _code_names(x.__code__)
+                     if n in x.__globals__]
+    return found
+
+
+def _codes(code: types.CodeType):
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    return {n for c in _codes(code) for n in c.co_names}
+
+
+def _code_key(code: types.CodeType) -> str:
+    return f"{getattr(code, 'co_qualname', code.co_name)}:{code.co_firstlineno}"
+
+
+def source_map(obj) -> dict:
+    """(Caller side) where the functions in ``obj`` come from, so that a rank can say it too.
+
+    cloudpickle renames the file of code it sends by value to ``<dynamic-code>``, so tracebacks
+    and stacks from a rank would not name the notebook cell nor show its lines. This records
+    ``{"files": {code key: file name}, "lines": {file name: source lines}}``; the lines are sent
+    only for files that are not on disk (notebook cells live in ``linecache`` only).
+    """
+    files, lines = {}, {}
+    for fn in _functions(obj):
+        for code in _codes(fn.__code__):
+            files[_code_key(code)] = code.co_filename
+            if not os.path.exists(code.co_filename) and code.co_filename not in lines:
+                cached = linecache.getlines(code.co_filename)
+                if cached:
+                    lines[code.co_filename] = cached
+    return {"files": files, "lines": lines}
+
+
+def restore_sources(obj, smap: dict) -> None:
+    """(Rank side) undo ``<dynamic-code>``: give code sent by value its file and lines back."""
+    files = smap.get("files", {})
+
+    def patch(code: types.CodeType) -> types.CodeType:
+        if code.co_filename != DYNAMIC_CODE:
+            return code
+        consts = tuple(patch(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=files.get(_code_key(code), DYNAMIC_CODE), co_consts=consts)
+
+    for fn in _functions(obj):
+        try:
+            fn.__code__ = patch(fn.__code__)
+        except (ValueError, TypeError):  # e.g. a mismatching closure: keep the original
+            pass
+    for name, lines in smap.get("lines", {}).items():
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
 
 
 def init_distributed(rank: int, world_size: int, backend: str, port: int, timeout_s: float,
@@ -58,6 +176,8 @@ def init_distributed(rank: int, world_size: int, backend: str, port: int, timeou
 
 def to_cpu(value):
     """Return ``value`` with every non-CPU tensor inside lists/tuples/dicts replaced by a CPU copy."""
+    if "torch" not in sys.modules:  # no tensor can exist without torch
+        return value
     import torch
     from torch.utils._pytree import tree_map
     return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu"
@@ -77,58 +197,122 @@ def error_info(exc: BaseException) -> dict:
     return {"exc_type": type(exc).__name__, "message": str(exc), "traceback": tb}
 
 
-def dump_result(path: str, status: str, payload) -> None:
-    """Write ``(status, payload)`` atomically (temp file + rename) with cloudpickle."""
-    import cloudpickle
-    buf = io.BytesIO()
-    cloudpickle.dump((status, payload), buf, protocol=pickle.HIGHEST_PROTOCOL)
+def _atomic_write(path: str, data: bytes | None = None, dump=None) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
-        f.write(buf.getbuffer())
+        if dump is not None:
+            dump(f)  # streamed: a large result is not copied into memory once more
+        else:
+            f.write(data)
     os.replace(tmp, path)
 
 
+def dump_result(path: str, status: str, payload) -> None:
+    """Write ``(status, payload)`` atomically (temp file + rename) with cloudpickle.
+
+    Raises:
+        OSError: the result could not be written (e.g. the disk is full); the message says so.
+    """
+    import cloudpickle
+    try:
+        _atomic_write(path, dump=lambda f: cloudpickle.dump((status, payload), f,
+                                                            protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError as exc:
+        raise OSError(exc.errno, f"the result could not be written to {os.path.dirname(path)}: "
+                      f"{exc.strerror}") from exc
+
+
 def extend_sys_path(path: str) -> None:
-    """Append the caller's ``sys.path`` entries we lack, so by-reference pickles import here too."""
+    """Append the entries of a JSON list of ``sys.path`` entries that we lack (older payloads; the
+    current one carries the caller's ``sys.path`` itself, see ``main``)."""
     import json
     if os.path.exists(path):
         with open(path) as f:
-            for entry in json.load(f):
-                if entry not in sys.path:
-                    sys.path.append(entry)
+            sys.path.extend(p for p in json.load(f) if p not in sys.path)
+
+
+def _wait_for_release(run_dir: str) -> None:
+    """Block until the caller says every rank has a result (or the caller goes away)."""
+    release, delay = os.path.join(run_dir, "release"), 0.002
+    while not os.path.exists(release):
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
+
+
+def _flush_all() -> None:
+    """Flush Python's and C's stdio buffers (NCCL logs through C stdio) before ``os._exit``."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def _fail(result_path: str, info: dict) -> None:
+    """Report ``info`` as this rank's error and exit at once (the caller kills the others)."""
+    try:
+        dump_result(result_path, "error", info)
+    finally:
+        _flush_all()
+        os._exit(1)
 
 
 def main(argv: list[str]) -> None:
+    from .procs import PG_TIMEOUT_MARGIN_S
     run_dir, rank, world_size, backend, port, timeout_s, init = argv
     rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
     watch_parent()
+    serve_diagnostics(run_dir, rank, backend)
     result_path = os.path.join(run_dir, f"result-{rank}.pkl")
     try:
-        extend_sys_path(os.path.join(run_dir, "sys_path.json"))
         with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
-            fn, args, kwargs = pickle.load(f)
-        if init != "none":  # "none": fn initialises torch.distributed itself
-            init_distributed(rank, world_size, backend, port, timeout_s, eager=(init == "eager"))
-        value = fn(rank, world_size, *args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
-        dump_result(result_path, "error", error_info(exc))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # skip teardown: the caller kills the other ranks anyway
-    try:
-        dump_result(result_path, "ok", to_cpu(value))
-    except Exception as exc:  # noqa: BLE001
+            data = pickle.load(f)
+        if isinstance(data, dict):  # like multiprocessing's spawn: the caller's sys.path first
+            sys.path[:] = data["sys_path"] + [p for p in sys.path if p not in data["sys_path"]]
+            data = pickle.loads(data["payload"])
+        fn, args, kwargs, *smap = data
+        if smap:
+            restore_sources((fn, args, kwargs), smap[0])
+    except BaseException as exc:  # noqa: BLE001
         info = error_info(exc)
-        info["message"] = f"its return value could not be pickled: {info['message']}"
-        info["hint"] = ("return tensors, numbers, strings, or lists/dicts of them "
+        info.update(message=f"the function or its arguments could not be loaded in the rank: "
+                            f"{info['message']}", hint=LOAD_HINT)
+        _fail(result_path, info)
+    try:
+        if init != "none":  # "none": fn initialises torch.distributed itself
+            init_distributed(rank, world_size, backend, port, timeout_s + PG_TIMEOUT_MARGIN_S,
+                             eager=(init == "eager"))
+        value = to_cpu(fn(rank, world_size, *args, **kwargs))  # .cpu() waits for the GPU work
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+        _fail(result_path, error_info(exc))
+    try:
+        dump_result(result_path, "ok", value)
+    except BaseException as exc:  # noqa: BLE001
+        info = error_info(exc)
+        if isinstance(exc, OSError):
+            info.update(message=str(exc), hint="return less data (a summary, or save large "
+                        "tensors to a file yourself and return its path).")
+        else:
+            info.update(message=f"its return value could not be pickled: {info['message']}",
+                        hint="return tensors, numbers, strings, or lists/dicts of them "
                         "(not open files, locks, CUDA streams, generators ...).")
-        dump_result(result_path, "error", info)
-        os._exit(1)
-    import torch.distributed as dist
-    if dist.is_initialized():
+        _fail(result_path, info)
+    _flush_all()
+    _wait_for_release(run_dir)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
         dist.destroy_process_group()  # no "process group was not destroyed" warnings
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        import atexit
+        atexit._run_exitfuncs()  # the user's atexit handlers still run ...
+    finally:
+        _flush_all()
+        os._exit(0)  # ... but not the interpreter's teardown (~0.5 s with torch loaded)
 
 
 if __name__ == "__main__":

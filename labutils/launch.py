@@ -13,17 +13,21 @@ Example (works with a function defined in a notebook cell)::
     labutils.launch(hello)            # -> [tensor([3.]), tensor([3.])] with 2 ranks
 
 Contract: results come back in rank order (CUDA tensors as CPU tensors); each rank's output is
-printed with a ``[rank r]`` prefix; an exception in a rank raises ``RankError`` within seconds;
-a hang raises ``RankTimeout`` after ``timeout`` seconds; every rank is killed on the way out
-(also on KeyboardInterrupt), so no process is left behind. Under ``torchrun`` the function runs
-in the current process instead, and the results of all ranks are gathered.
+printed with a ``[rank r]`` prefix (at most 2000 + 500 lines per rank); an exception in a rank
+raises ``RankError`` within seconds, naming the rank that failed by itself; a hang raises
+``RankTimeout`` after ``timeout`` seconds, saying where each rank was; every rank -- and whatever
+it started -- is killed on the way out (also on KeyboardInterrupt), so no process, port or
+thread is left behind (tests/test_faults.py). The ranks import with the caller's ``sys.path``.
+Under ``torchrun`` the function runs in the current process instead, and the results of all
+ranks are gathered.
 """
 from __future__ import annotations
 
-import json
+import collections
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,12 +35,15 @@ from pathlib import Path
 
 import cloudpickle
 
+from . import errors, procs
 from . import config as _config
-from . import procs
-from .errors import LaunchConfigError, RankError, RankTimeout
+from .errors import LaunchConfigError, RankError, RankTimeout  # noqa: F401 - re-exported
 
 _announced: set[str] = set()
 INIT_MODES = ("eager", "lazy", "none")
+FAILURE_GRACE_S = 1.0   # after the first failure, wait this long for the others (to find the cause)
+DIAGNOSE_WAIT_S = 2.0   # on a timeout, wait this long for the ranks to say where they are
+EXIT_WAIT_S = 10.0      # after success, wait this long for the ranks to tear down before killing
 
 
 def default_config(world_size: int | None = None, backend: str | None = None,
@@ -80,6 +87,56 @@ def _print_lines(lines: list[tuple[int, str]], grouped: bool) -> None:
     sys.stdout.flush()
 
 
+class _Transcript:
+    """What the ranks printed: shown live, grouped at the end, or not at all; bounded per rank.
+
+    A rank that prints a wall of text (``NCCL_DEBUG=INFO`` with COLL, a print in a hot loop) keeps
+    its first ``head`` and last ``tail`` lines; the middle is counted, not kept or printed.
+    """
+
+    def __init__(self, output: str, head: int = 2000, tail: int = 500):
+        self.output, self.head_n, self.tail_n = output, head, tail
+        self.head: dict[int, list[str]] = collections.defaultdict(list)
+        self.tail: dict[int, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=tail))
+        self.seen: collections.Counter = collections.Counter()
+
+    def add(self, rank: int, line: str) -> None:
+        self.seen[rank] += 1
+        if len(self.head[rank]) < self.head_n:
+            self.head[rank].append(line)
+            if self.output == "live":
+                _print_lines([(rank, line)], False)
+        else:
+            self.tail[rank].append(line)
+
+    def pump(self, relay: procs.OutputRelay, wait_s: float) -> None:
+        item = relay.get(timeout=wait_s)
+        while item is not None:
+            self.add(*item)
+            item = relay.get(timeout=0)
+
+    def text(self, rank: int) -> str:
+        return "".join(self.head[rank]) + "".join(self.tail[rank])
+
+    def finish(self, relay: procs.OutputRelay) -> None:
+        """Read what is left (the ranks are gone) and print what was not printed yet."""
+        for item in relay.drain():
+            self.add(*item)
+        if self.output == "quiet":
+            return
+        out = []
+        for r in sorted(self.seen):
+            if self.output == "grouped":
+                out += [(r, ln) for ln in self.head[r]]
+            omitted = self.seen[r] - len(self.head[r]) - len(self.tail[r])
+            if omitted:
+                out.append((r, f"... {omitted} lines not shown (labutils keeps the first "
+                               f"{self.head_n} and the last {self.tail_n} of each rank) ..."))
+            out += [(r, ln) for ln in self.tail[r]]
+        _print_lines(out, False)
+
+
 def _load_result(path: Path, rank: int):
     try:
         with open(path, "rb") as f:
@@ -89,6 +146,33 @@ def _load_result(path: Path, rank: int):
                          "message": f"its result could not be unpickled in the notebook: {exc}",
                          "traceback": "", "hint": "return plain data (tensors, numbers, lists, "
                          "dicts); classes defined inside the rank function cannot come back."}
+
+
+def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
+    """cloudpickle ``(fn, args, kwargs)``, or say which of them cannot be sent and why."""
+    from ._rank import source_map  # lazy: `python -m labutils._rank` must not import it twice
+    try:
+        payload = cloudpickle.dumps((fn, args, kwargs, source_map((fn, args, kwargs))),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+        # the ranks put this sys.path first (as multiprocessing's spawn does), so that what the
+        # caller can import -- test modules, sys.path.append(...) in a notebook -- they can too
+        return pickle.dumps({"sys_path": list(sys.path), "payload": payload},
+                            protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - cloudpickle raises several types
+        parts = [("the function (through a global or closure variable it uses)", fn),
+                 *((f"argument {i + 1} ({type(a).__name__})", a) for i, a in enumerate(args)),
+                 *((f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in kwargs.items())]
+        what = "the function or its arguments"
+        for label, obj in parts:
+            try:
+                cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001
+                what = label
+                break
+        raise LaunchConfigError(
+            f"{what} cannot be sent to the ranks: {type(exc).__name__}: {exc}. "
+            "HINT: create locks, files, sockets, threads or CUDA streams inside the rank function "
+            "instead of passing them in (or using them as globals).") from exc
 
 
 def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
@@ -103,6 +187,7 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
         backend: ``"nccl"`` (one GPU per rank, ``cuda:<rank>`` is made current), ``"gloo"``
             (CPU tensors) or None for the default.
         timeout: seconds for the whole launch, process start included; then ``RankTimeout``.
+            torch's own timeouts (process group, store) are set longer, so a hang ends here.
         init: ``"eager"`` (default; NCCL communicator created in ``init_process_group`` via
             ``device_id``), ``"lazy"`` (PyTorch's default: created at the first collective) or
             ``"none"`` (fn initialises ``torch.distributed`` itself; ``MASTER_ADDR/PORT``,
@@ -117,8 +202,11 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
 
     Raises:
         LaunchConfigError: bad arguments (before anything is started).
-        RankError: a rank raised or died; names the rank and carries its traceback.
-        RankTimeout: ranks did not finish within ``timeout`` seconds (all ranks were killed).
+        RankError: a rank raised or died; names the rank that failed first by itself (not one
+            that only lost its peers) and carries its traceback. Raised within seconds.
+        RankTimeout: ranks did not finish within ``timeout`` seconds; says where each rank was
+            (``.where``) and, where torch records them, its collectives (``.flight``).
+        KeyboardInterrupt: re-raised after every rank was killed (and told where it was).
     """
     kwargs = dict(kwargs or {})
     if not callable(fn):
@@ -133,111 +221,97 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     if _under_torchrun():
         return _launch_in_process(fn, args, kwargs)
     cfg = default_config(world_size, backend, verbose=backend is None)
-    try:
-        payload = cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001 - cloudpickle raises several types
-        raise LaunchConfigError(
-            f"the function or its arguments cannot be sent to the ranks: {type(exc).__name__}: {exc}. "
-            "HINT: create locks, files, sockets or CUDA streams inside the rank function "
-            "instead of passing them in.") from exc
+    payload = _pickle_payload(fn, args, kwargs)
 
-    run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
-    (run_dir / "payload.pkl").write_bytes(payload)
-    # Functions from modules the caller imported via sys.path tweaks (pytest, notebooks' folders)
-    # are pickled by reference: the ranks need the same import path to find them.
-    (run_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
-    store = procs.LoopbackStore(timeout_s=timeout)
-    relay = procs.OutputRelay()
-    ranks: list = []
-    lines: list[tuple[int, str]] = []
-    live = output == "live"
-    results: dict[int, object] = {}
-    failures: dict[int, dict] = {}
+    relay, transcript = procs.OutputRelay(), _Transcript(output)
+    ranks: dict[int, object] = {}
+    store = run_dir = None
     try:
-        port = store.port
-        if init == "none":  # let fn's own env:// rendezvous use a port of its own
-            port_for_env = procs.free_loopback_port()
+        run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
+        (run_dir / "payload.pkl").write_bytes(payload)
+        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        port_for_env = procs.free_loopback_port() if init == "none" else store.port
         for r in range(cfg.world_size):
-            child_env = procs.rank_env(r, cfg.world_size, port, cfg.backend, env)
-            if init == "none":
-                child_env["MASTER_PORT"] = str(port_for_env)
-            p = procs.spawn_rank([str(run_dir), str(r), str(cfg.world_size), cfg.backend,
-                                  str(port), str(timeout), init], child_env)
-            ranks.append(p)
-            relay.watch(r, p.stdout)
-        deadline = time.monotonic() + timeout
-        pending = set(range(cfg.world_size))
-        while pending and not failures:
-            item = relay.get(timeout=0.02)
-            while item is not None:
-                (_print_lines([item], False) if live else lines.append(item))
-                item = relay.get(timeout=0)
-            for r in sorted(pending):
-                path = run_dir / f"result-{r}.pkl"
-                exited = ranks[r].poll() is not None
-                if path.exists():
-                    status, value = _load_result(path, r)
-                    pending.discard(r)
-                    if status == "ok":
-                        results[r] = value
-                    else:
-                        failures[r] = value
-                elif exited:
-                    pending.discard(r)
-                    failures[r] = {"exit_code": ranks[r].returncode}
-            if pending and time.monotonic() > deadline and not failures:
-                procs.kill_tree(ranks)
-                _flush(relay, lines, live, output)
-                raise RankTimeout(sorted(pending), timeout)
-        if failures:
-            procs.kill_tree(ranks)
-            _flush(relay, lines, live, output)
-            raise _rank_error(failures, lines)
-        for p in ranks:  # let the ranks finish destroy_process_group, then reap them
-            try:
-                p.wait(timeout=max(5.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001
-                break
-        procs.kill_tree(ranks)
-        _flush(relay, lines, live, output)
-        return [results[r] for r in range(cfg.world_size)]
+            child_env = procs.rank_env(r, cfg.world_size, store.port, cfg.backend, env)
+            child_env["MASTER_PORT"] = str(port_for_env)  # init="none": fn's own rendezvous port
+            ranks[r] = procs.spawn_rank([str(run_dir), str(r), str(cfg.world_size), cfg.backend,
+                                         str(store.port), str(timeout), init], child_env)
+            relay.watch(r, ranks[r].stdout)
+        return _supervise(ranks, run_dir, relay, transcript, timeout)
     except KeyboardInterrupt:
-        procs.kill_tree(ranks)
-        _flush(relay, lines, live, output)
-        print(f"labutils: interrupted; ranks {list(range(len(ranks)))} were killed.", file=sys.stderr)
+        _interrupted(ranks, run_dir, relay, transcript)
         raise
     finally:
-        procs.kill_tree(ranks)
-        store.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        procs.kill_tree(list(ranks.values()))
+        relay.drain(join_timeout=0)
+        if store is not None:
+            store.close()
+        if run_dir is not None:
+            procs.kill_children_with(str(run_dir))  # spawned, but interrupted before registered
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _flush(relay: procs.OutputRelay, lines: list, live: bool, output: str) -> None:
-    """Print what the ranks said (the rest of it, in live mode) once they are gone."""
-    rest = relay.drain()
-    if output == "quiet":
-        return
-    if live:
-        _print_lines(rest, False)
-    else:
-        lines.extend(rest)
-        _print_lines(lines, True)
-        lines.clear()
+def _supervise(ranks: dict, run_dir: Path, relay, transcript: _Transcript, timeout: float) -> list:
+    """Wait for every rank's result; turn failures and hangs into RankError / RankTimeout."""
+    deadline = time.monotonic() + timeout
+    pending = set(ranks)
+    results: dict[int, object] = {}
+    failures: dict[int, dict] = {}
+    first_failure = None
+    while True:
+        transcript.pump(relay, 0.02)
+        for r in sorted(pending):
+            path = run_dir / f"result-{r}.pkl"
+            if not path.exists():
+                if ranks[r].poll() is None or path.exists():  # written just before it exited?
+                    continue
+                pending.discard(r)
+                failures[r] = {"exit_code": ranks[r].returncode}
+                continue
+            status, value = _load_result(path, r)
+            pending.discard(r)
+            (results if status == "ok" else failures)[r] = value
+        now = time.monotonic()
+        if failures:  # wait a moment for the failures that follow, to name the one that caused them
+            first_failure = first_failure or now
+            if not pending or now - first_failure > FAILURE_GRACE_S:
+                break
+        elif not pending:
+            break
+        elif now > deadline:
+            diagnostics = procs.request_diagnostics(str(run_dir), ranks, DIAGNOSE_WAIT_S)
+            procs.kill_tree(list(ranks.values()))
+            transcript.finish(relay)
+            raise errors.hang_error(sorted(pending), timeout, sorted(results), diagnostics)
+    if failures:
+        procs.kill_tree(list(ranks.values()))
+        transcript.finish(relay)
+        raise errors.failure_error(failures, {r: transcript.text(r) for r in failures},
+                                   sorted(results))
+    (run_dir / "release").touch()  # every rank has its result: let them tear down and exit
+    stop = time.monotonic() + EXIT_WAIT_S
+    for p in ranks.values():
+        try:
+            p.wait(timeout=max(0.1, stop - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break  # a teardown that hangs (NCCL) is not the user's problem: kill_tree ends it
+    procs.kill_tree(list(ranks.values()))
+    transcript.finish(relay)
+    return [results[r] for r in sorted(ranks)]
 
 
-def _rank_error(failures: dict[int, dict], lines: list) -> RankError:
-    """Build the RankError for the first failed rank (reported exceptions before silent deaths)."""
-    reported = [r for r in sorted(failures) if "exc_type" in failures[r]]
-    rank = reported[0] if reported else min(failures)
-    info = failures[rank]
-    if "exc_type" in info:
-        return RankError(rank, exc_type=info["exc_type"], remote_message=info["message"],
-                         traceback=info["traceback"], ranks=list(failures), hint=info.get("hint", ""))
-    tail = "".join(line for r, line in lines if r == rank).splitlines()[-20:]
-    code = info["exit_code"]
-    hint = ("a rank that dies without an exception was killed (SIGKILL: often the out-of-memory "
-            "killer) or crashed in native code; its last output is in .traceback.")
-    if code is not None and code >= 0:
-        hint = ("the rank exited without returning (os._exit, or a crash in native code); "
-                "every rank must return from the function.")
-    return RankError(rank, exit_code=code, traceback="\n".join(tail), ranks=list(failures), hint=hint)
+def _interrupted(ranks: dict, run_dir: Path, relay, transcript: _Transcript) -> None:
+    """Ctrl-C / kernel interrupt: say where the ranks were, kill them, print their output."""
+    where: dict[int, str] = {}
+    try:
+        diagnostics = procs.request_diagnostics(str(run_dir), ranks, wait_s=1.0)
+        where = {r: errors.describe_frames(d["frames"]) for r, d in diagnostics.items()
+                 if d.get("frames")}
+    except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, not the cleanup
+        pass
+    finally:
+        procs.kill_tree(list(ranks.values()))
+    transcript.finish(relay)
+    lines = [f"labutils: interrupted; ranks {sorted(ranks)} were killed."]
+    lines += [f"  rank {r} was at {w}" for r, w in sorted(where.items())]
+    print("\n".join(lines), file=sys.stderr)

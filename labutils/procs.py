@@ -7,20 +7,33 @@
   they work after CUDA was initialised in the notebook, and each gets its own session so that a
   kill reaches everything it started.
 * Each rank's stdout+stderr arrive through a pipe, line by line, tagged with the rank.
-* Ranks watch their parent and exit if it dies (kernel restart), so nothing is ever orphaned.
+* Ranks watch their parent and exit if it dies (kernel restart), so nothing is ever orphaned;
+  ``kill_tree`` also reaches what a rank started, even after the rank itself is gone.
+* ``request_diagnostics`` asks live ranks where they are (and for their flight records) before a
+  hang is torn down: that is what ``RankTimeout.where`` / ``.flight`` show.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import queue
+import select
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import psutil
+
+
+# torch's own timeouts (process group, store) in the ranks are set this much longer than the
+# launch timeout, so that a hang always ends as labutils' RankTimeout (same text under gloo and
+# NCCL), with the ranks still alive to say where they are.
+PG_TIMEOUT_MARGIN_S = 60.0
 
 
 class LoopbackStore:
@@ -84,12 +97,15 @@ class OutputRelay:
 
     ``get(timeout)`` returns ``(rank, line)`` or None; lines keep their trailing newline.
     The printing itself is left to the caller's thread, so that in Jupyter the text lands in the
-    cell that is running.
+    cell that is running. The readers never block for long (``select`` with a short timeout), so
+    ``drain`` can stop them even when a process the rank started (and that outlived it) keeps the
+    pipe open: no thread or descriptor is left behind.
     """
 
     def __init__(self):
         self.queue: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
 
     def watch(self, rank: int, stream) -> None:
         t = threading.Thread(target=self._pump, args=(rank, stream), daemon=True,
@@ -98,12 +114,25 @@ class OutputRelay:
         self._threads.append(t)
 
     def _pump(self, rank: int, stream) -> None:
+        fd, partial = stream.fileno(), b""
         try:
-            for raw in iter(stream.readline, b""):
-                self.queue.put((rank, raw.decode("utf-8", errors="replace")))
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.1)
+                if not ready:
+                    if self._stop.is_set():
+                        break
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, partial = (partial + chunk).split(b"\n")
+                for raw in lines:
+                    self.queue.put((rank, raw.decode("utf-8", errors="replace") + "\n"))
         except (OSError, ValueError):
             pass
         finally:
+            if partial:
+                self.queue.put((rank, partial.decode("utf-8", errors="replace") + "\n"))
             try:
                 stream.close()
             except OSError:
@@ -116,9 +145,13 @@ class OutputRelay:
             return None
 
     def drain(self, join_timeout: float = 2.0) -> list[tuple[int, str]]:
-        """Wait for the reader threads (the pipes close when the ranks die) and return what is left."""
+        """Wait for the readers (the pipes close when the ranks die), stop them, return the rest."""
+        deadline = time.monotonic() + join_timeout
         for t in self._threads:
-            t.join(timeout=join_timeout)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._stop.set()  # a pipe still open (a leftover grandchild): stop reading it anyway
+        for t in self._threads:
+            t.join(timeout=1.0)
         out = []
         while True:
             item = self.get(0)
@@ -130,8 +163,9 @@ class OutputRelay:
 def kill_tree(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
     """SIGKILL every process in ``procs`` and all their descendants, then reap them.
 
-    Uses psutil to find descendants (also those that left the session), plus ``killpg`` for the
-    session's group. Safe to call on processes that already exited.
+    Uses psutil to find descendants, plus ``killpg`` of each rank's session group, which also
+    reaches daemonised grandchildren (re-parented to init) after the rank itself has exited.
+    Safe to call on processes that already exited.
     """
     victims: list[psutil.Process] = []
     for p in procs:
@@ -141,9 +175,12 @@ def kill_tree(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
             victims.append(ps)
         except psutil.Error:
             pass
-        if hasattr(os, "killpg") and p.poll() is None:
+        # The rank's session group outlives the rank while a member remains (and Linux keeps its
+        # id from being reused meanwhile). Once we have reaped the rank, a live process with its
+        # pid is someone else (pid reuse): then the group is not ours to kill.
+        if hasattr(os, "killpg") and (p.returncode is None or not psutil.pid_exists(p.pid)):
             try:
-                os.killpg(p.pid, 9)
+                os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
     for v in victims:
@@ -157,6 +194,50 @@ def kill_tree(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
             p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
+
+
+def kill_children_with(marker: str) -> list[int]:
+    """SIGKILL this process's children whose command line contains ``marker`` (e.g. a run
+    directory) and return their pids: a last sweep for ranks spawned but never registered
+    (an interrupt between ``Popen`` and the bookkeeping)."""
+    found = []
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if any(marker in part for part in child.cmdline()):
+                child.kill()
+                found.append(child)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(found, timeout=5.0)
+    return [c.pid for c in found]
+
+
+def request_diagnostics(run_dir: str, ranks: dict[int, subprocess.Popen],
+                        wait_s: float = 2.0) -> dict[int, dict]:
+    """Ask the live ranks where they are (``_rank.serve_diagnostics``) and collect the answers.
+
+    Args:
+        run_dir: the launch's run directory.
+        ranks: ``{rank: process}``; ranks that already exited are skipped.
+        wait_s: how long to wait for the answers (a rank holding the GIL in native code cannot).
+
+    Returns:
+        ``{rank: {"frames": [...], "flight": ...}}`` for the ranks that answered.
+    """
+    Path(run_dir, "diagnose").touch()
+    alive = {r for r, p in ranks.items() if p.poll() is None}
+    answers: dict[int, dict] = {}
+    deadline = time.monotonic() + wait_s
+    while alive - answers.keys() and time.monotonic() < deadline:
+        for r in sorted(alive - answers.keys()):
+            path = Path(run_dir, f"diag-{r}.pkl")
+            if path.exists():
+                try:
+                    answers[r] = pickle.loads(path.read_bytes())
+                except Exception:  # noqa: BLE001 - unreadable answer: skip this rank
+                    answers[r] = {}
+        time.sleep(0.02)
+    return answers
 
 
 def free_loopback_port() -> int:

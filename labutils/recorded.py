@@ -13,6 +13,7 @@ are *recorded*, where and when -- never passed off as live::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as _dt
 import json
 import os
@@ -21,6 +22,13 @@ from typing import Callable
 
 RECORD_ENV = "LABUTILS_RECORD"
 DIR_ENV = "LABUTILS_RECORDED_DIR"
+
+
+@functools.lru_cache(maxsize=1)
+def _this_fingerprint() -> str:
+    """The machine's fingerprint (cached: describe() runs nvidia-smi three times)."""
+    from .hw import describe
+    return describe(peer_access=False).fingerprint()
 
 
 def recorded_dir() -> Path:
@@ -62,8 +70,7 @@ def _jsonable(x):
 def save(name: str, data: dict, fingerprint: str | None = None, directory: Path | None = None) -> Path:
     """Write ``data`` with its provenance to ``<dir>/<name>.json`` and return the path."""
     if fingerprint is None:
-        from .hw import describe
-        fingerprint = describe(peer_access=False).fingerprint()
+        fingerprint = _this_fingerprint()
     from . import __version__
     directory = Path(directory) if directory else recorded_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -105,8 +112,7 @@ def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int
     from .config import gpu_count
     n_gpus = gpu_count() if n_gpus is None else n_gpus
     if n_gpus >= gpus_needed:
-        from .hw import describe
-        fp = describe(peer_access=False).fingerprint()
+        fp = _this_fingerprint()
         data = measure()
         data = json.loads(json.dumps(data, default=_jsonable))  # same types live and recorded
         if record if record is not None else os.environ.get(RECORD_ENV) == "1":

@@ -134,7 +134,7 @@ def test_under_torchrun_runs_in_process_and_gathers(tmp_path):
         "def fn(rank, world_size):\n"
         "    t = torch.tensor([rank + 1.0]); dist.all_reduce(t); return (rank, t.item())\n"
         "out = labutils.launch(fn)\n"
-        "print('RESULT', dist.get_rank(), out, flush=True)\n"
+        "import sys; sys.stdout.write(f'RESULT {dist.get_rank()} {out}\\n'); sys.stdout.flush()\n"
         "dist.destroy_process_group()\n")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         str(script)], capture_output=True, text=True, timeout=120,

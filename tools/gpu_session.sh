@@ -11,7 +11,7 @@
 #   --bench  the benchmark scripts whose recorded output lives in benchmarks/
 # and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs.
 set -uo pipefail
-labs="" run_labs=1 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}"
+labs="" run_labs=1 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}" cell_timeout=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --labs) labs="$2"; shift 2 ;;
@@ -19,6 +19,7 @@ while [ $# -gt 0 ]; do
     --tests) run_tests=1; shift ;;
     --bench) run_bench=1; shift ;;
     --out) out="$2"; shift 2 ;;
+    --cell-timeout) cell_timeout="$2"; shift 2 ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -35,13 +36,18 @@ python3 -m labutils hw | tee "$out/hw.txt"
 rc=0
 if [ "$run_labs" = 1 ]; then
   # shellcheck disable=SC2086
-  python3 -m labutils run-labs --inplace --record $labs 2>&1 | tee "$out/run_labs.log" || rc=1
+  python3 -m labutils run-labs --inplace --record --timeout "$cell_timeout" $labs 2>&1 | tee "$out/run_labs.log" || rc=1
 fi
 if [ "$run_bench" = 1 ] && [ -x benchmarks/run_all.sh ]; then
   benchmarks/run_all.sh 2>&1 | tee "$out/bench.log" || rc=1
 fi
+tar -cf "$out/gpu_results.tar" notebooks/*.ipynb notebooks/recorded benchmarks 2>/dev/null
 if [ "$run_tests" = 1 ]; then
-  python3 -m pytest -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -40 || rc=1
+  # Notebooks are independent: with pytest-xdist, run several at once (--dist loadfile keeps each
+  # notebook's cells on one worker, as nbval needs). Measurements are not checked, so sharing is fine.
+  xdist=""; python3 -c "import xdist" 2>/dev/null && xdist="-n ${PYTEST_WORKERS:-4} --dist loadfile"
+  # shellcheck disable=SC2086
+  python3 -m pytest -p no:cacheprovider $xdist 2>&1 | tee "$out/pytest.log" | tail -40 || rc=1
 fi
 tar -cf "$out/gpu_results.tar" notebooks/*.ipynb notebooks/recorded benchmarks 2>/dev/null
 echo "packed $out/gpu_results.tar; exit $rc"

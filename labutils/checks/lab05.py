@@ -1,0 +1,139 @@
+"""Checkers for lab 05 (debugging distributed programs).
+
+Each exercise runs the learner's rank function on real ranks (NCCL with >= 2 GPUs, else gloo), with
+a short timeout: a hang is a failed check, reported with what it means, not a frozen notebook.
+"""
+from __future__ import annotations
+
+from ..errors import RankError, RankTimeout
+from ..solutions import lab05 as solution
+from . import fail, not_attempted, passed
+
+TIMEOUT_S = 40.0  # start-up (several seconds under NCCL) + a few collectives
+
+
+def _attempted(fn, reference, probe) -> object:
+    """``fn`` unless it raises NotImplementedError when probed; then say so and use ``reference``."""
+    try:
+        probe(fn)
+        return fn
+    except NotImplementedError:
+        print("… exercise not attempted yet: checking the reference solution "
+              f"({reference.__module__}.{reference.__name__}) so the notebook can continue.")
+        return reference
+    except Exception:  # noqa: BLE001 - the probe runs outside a process group; real run decides
+        return fn
+
+
+def _run_ranks(rank_fn, fn, world_size, backend, hang_hint: str, error_hint: str) -> list:
+    """Launch ``rank_fn(rank, world_size, fn)`` and turn a hang or a failure into ExerciseError."""
+    from ..launch import launch
+    try:
+        return launch(rank_fn, fn, world_size=world_size, backend=backend, timeout=TIMEOUT_S,
+                      output="quiet")
+    except RankTimeout as e:
+        fail(f"ranks {e.ranks} hung: they did not finish within {e.timeout_s:g} s", hang_hint)
+    except RankError as e:
+        fail(_head(e), error_hint)
+
+
+def _head(e: RankError) -> str:
+    """The first sentence of a RankError (what happened, without labutils' generic HINT)."""
+    return str(e).split(". HINT:")[0]
+
+
+def _device(rank):
+    import torch
+    import torch.distributed as dist
+    return torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _run_checked(rank, world_size, fn):
+    import torch
+    dev = _device(rank)
+    fine = fn(torch.full((4,), float(rank + 1), device=dev))
+    odd = 5 if rank == world_size - 1 else 4  # the last rank's tensor has one element more
+    try:
+        fn(torch.ones(odd, device=dev))
+        mismatch = None
+    except ValueError as exc:
+        mismatch = str(exc)
+    return fine, mismatch
+
+
+def checked_all_reduce(fn, world_size=None, backend=None) -> None:
+    """Run ``fn(t)`` on every rank: matching tensors must be summed; when the last rank's tensor has
+    another shape, every rank must raise ValueError naming that rank -- and nobody may hang."""
+    import torch
+
+    def probe(f):
+        f(torch.zeros(1))
+    fn = _attempted(fn, solution.checked_all_reduce, probe)
+    out = _run_ranks(_run_checked, fn, world_size, backend,
+                     "every rank must take part in the fingerprint exchange and raise *after* it, on "
+                     "every rank: dist.all_gather_object(everyone, (tuple(t.shape), str(t.dtype))), "
+                     "then compare",
+                     "compare the fingerprints before the all_reduce, and raise ValueError (not "
+                     "another exception) on every rank when they differ")
+    ws = len(out)
+    total = sum(range(1, ws + 1))
+    for rank, (fine, mismatch) in enumerate(out):
+        if not isinstance(fine, torch.Tensor) or not torch.equal(fine, torch.full((4,), float(total))):
+            fail(f"with matching tensors, rank {rank} returned {fine!r}; expected {total:g} everywhere",
+                 "after the check, run dist.all_reduce(t) and return t")
+        if mismatch is None:
+            fail(f"rank {rank} did not raise ValueError when rank {ws - 1}'s tensor had shape (5,)",
+                 "compare every rank's (shape, dtype) with rank 0's and raise if any differs")
+        if f"rank {ws - 1}" not in mismatch:
+            fail(f"rank {rank}'s message does not name the odd rank {ws - 1}: {mismatch!r}",
+                 "say which ranks differ, e.g. 'rank 1 has ((5,), float32)'")
+    passed(f"checked_all_reduce: sums matching tensors, and all {ws} ranks raise naming rank {ws - 1} "
+           "when its shape differs")
+
+
+def _run_steps(rank, world_size, fn):
+    import math
+
+    import torch
+    dev = _device(rank)
+    grad = torch.full((4,), float(rank + 1), device=dev)
+    fine = fn(rank, world_size, torch.tensor(1.0 + rank, device=dev), grad)
+    nan_loss = math.nan if rank == world_size - 1 else 1.0  # only the last rank sees a NaN
+    skipped = fn(rank, world_size, torch.tensor(nan_loss, device=dev), grad)
+    return fine, skipped
+
+
+def guarded_step(fn, world_size=None, backend=None) -> None:
+    """Run ``fn(rank, world_size, loss, grad)`` twice: all losses finite (must average ``grad``), and
+    with a NaN on the last rank only (every rank must return None -- and nobody may hang)."""
+    import torch
+
+    def probe(f):
+        f(0, 1, torch.tensor(1.0), torch.ones(4))
+    fn = _attempted(fn, solution.guarded_step, probe)
+    out = _run_ranks(_run_steps, fn, world_size, backend,
+                     "the rank with the NaN skipped a collective the others called. Decide together "
+                     "first: all_reduce a 0/1 'my loss is finite' flag with op=ReduceOp.MIN, then "
+                     "branch on it", "the rank's traceback is shown above this error")
+    ws = len(out)
+    mean = sum(range(1, ws + 1)) / ws
+    for rank, (fine, skipped) in enumerate(out):
+        if not isinstance(fine, torch.Tensor) or not torch.allclose(fine, torch.full((4,), mean)):
+            fail(f"with every loss finite, rank {rank} returned {fine!r}; expected the mean gradient "
+                 f"{mean:g} in every element", "all_reduce the gradient (SUM), then divide by world_size")
+        if skipped is not None:
+            fail(f"with a NaN loss on rank {ws - 1}, rank {rank} returned {skipped!r} instead of None",
+                 "when any rank's loss is not finite, every rank must skip the step")
+    passed(f"guarded_step: {ws} ranks average when all losses are finite and all skip together on a NaN")
+
+
+def prediction_outcome(answer, outcomes: dict[str, str]) -> None:
+    """Compare a predicted outcome ("hang", "error" or "wrong values") with what was observed."""
+    if not_attempted(answer):
+        print("… no prediction written: observed " +
+              ", ".join(f"{k}: {v}" for k, v in outcomes.items()))
+        return
+    got = str(answer).strip().lower()
+    for where, seen in outcomes.items():
+        verdict = "✓" if got in seen.lower() else "✗"
+        print(f"{verdict} {where}: you said {got!r}, observed {seen}")

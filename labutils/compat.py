@@ -1,0 +1,23 @@
+"""One place for torch.distributed names that differ across the torch versions the course supports.
+
+torch >= 2.13 renamed the tensor forms of all-gather and reduce-scatter (``all_gather_single``,
+``reduce_scatter_single``) and made the old names emit a FutureWarning on every call; older torch
+(the 2xH200 reference runs 2.11) only has the old names. Calling whichever exists keeps rank output
+-- and so the notebooks' checked cells -- identical across versions. Same arguments, same NCCL call
+(``ncclAllGather`` / ``ncclReduceScatter``: rank k's block is the k-th chunk of the big buffer).
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def all_gather_into_tensor(output, input, group=None, async_op: bool = False):
+    """``dist.all_gather_into_tensor(output, input)`` under the name this torch prefers."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    """``dist.reduce_scatter_tensor(output, input, op)`` under the name this torch prefers."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=op, group=group, async_op=async_op)

@@ -1,0 +1,232 @@
+"""Lab 01's measurements of ``torch.cuda.comm``: bandwidth sweep, dtypes, many small tensors,
+redundant transfers, and which kernels run (``torch.profiler``). Pure analysis (fits, kernel
+names, the claims table) is in ``labutils.cudacomm_analysis``. Run it::
+
+    from labutils import cudacomm, cudacomm_analysis, cudacomm_bench as bench
+    setup = cudacomm.gpu_setup()                     # >= 2 GPUs
+    data = bench.sweep(setup)                        # 1 KiB .. 1 GiB, JSON-able
+    cudacomm_analysis.fits(data)["comm.broadcast"]  # alpha-beta fit (labutils.bandwidth)
+
+Method: one process drives every GPU, so a sample brackets ``iters`` back-to-back calls with a
+CUDA event pair on *each* device's current stream and takes the slowest device's time / iters
+(the nccl-tests method, with devices in place of ranks). The host cost of a call (Python, NCCL
+group launch, allocation) is part of what is measured: it is what a user of this API pays.
+Every function also runs on ``cudacomm.cpu_standin()`` (perf_counter), which is how it is tested.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import bandwidth, timing
+from .cudacomm import CommSetup
+from .cudacomm_analysis import device_kernels
+
+SWEEP_OPS = ("comm.broadcast", "comm.reduce_add", "x.to(peer)")
+
+
+def _event(device_index: int):
+    with torch.cuda.device(device_index):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()  # on that device's current stream, where torch.cuda.comm enqueues its work
+        return ev
+
+
+def time_on_devices(fn: Callable[[], object], setup: CommSetup, *, warmup: int = 2, iters: int = 10,
+                    repeat: int = 5) -> timing.Timing:
+    """Time one call of ``fn`` (ms) across ``setup.devices``: per sample, ``iters`` calls between
+    an event pair on every device; the sample is the slowest device's time / iters. On the CPU
+    stand-in: ``timing.benchmark`` (perf_counter)."""
+    for name, v in (("warmup", warmup), ("iters", iters), ("repeat", repeat)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
+            raise ValueError(f"{name} must be an int >= {0 if name == 'warmup' else 1}, got {v!r}.")
+    if not setup.on_gpu:
+        return timing.benchmark(fn, warmup=warmup, repeat=repeat, inner=iters, device="cpu")
+    for _ in range(warmup):
+        fn()
+    setup.synchronize()
+    samples = []
+    for _ in range(repeat):
+        starts = [_event(i) for i in setup.devices]
+        for _ in range(iters):
+            fn()
+        stops = [_event(i) for i in setup.devices]
+        setup.synchronize()
+        samples.append(max(a.elapsed_time(b) for a, b in zip(starts, stops)) / iters)
+    return timing.summarize(samples)
+
+
+def _t(t: timing.Timing) -> dict:
+    return {"median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "n": len(t.samples_ms)}
+
+
+def _need_two(setup: CommSetup) -> None:
+    if len(setup.devices) < 2:
+        raise ValueError(f"this experiment moves data between devices and needs >= 2, got "
+                         f"{setup.devices}. HINT: run it on a multi-GPU machine, or show the recording.")
+
+
+def plan(size_bytes: int) -> tuple[int, int, int]:
+    """(warmup, iters, repeat) for one message size: about 8 MiB per sample for small messages
+    (so an event pair's ~us resolution does not matter), 1 call x 3 samples from 256 MiB up."""
+    iters = max(1, min(50, (8 << 20) // max(int(size_bytes), 1)))
+    return (2, iters, 5) if size_bytes < (256 << 20) else (1, 1, 3)
+
+
+def sweep(setup: CommSetup, sizes_bytes=None, dtype=torch.float32) -> dict:
+    """Time ``comm.broadcast`` (to every device), ``comm.reduce_add`` (from every device) and a
+    plain ``x.to(cuda:1)`` for each size (bytes; default 1 KiB .. 1 GiB, x2).
+
+    Returns:
+        ``{"sizes": [...], "n_devices": n, "ops": {op: {"median_ms": [...], "p10_ms": [...],
+        "p90_ms": [...]}}}``.
+    """
+    _need_two(setup)
+    sizes = list(sizes_bytes or bandwidth.size_sweep(1 << 10, 1 << 30, 2))
+    comm, devs, dev = setup.comm, setup.devices, setup.device
+    item = torch.tensor([], dtype=dtype).element_size()
+    out = {"sizes": sizes, "n_devices": len(devs), "dtype": str(dtype).replace("torch.", ""),
+           "ops": {op: {"median_ms": [], "p10_ms": [], "p90_ms": []} for op in SWEEP_OPS}}
+    for size in sizes:
+        xs = [torch.ones(max(1, size // item), dtype=dtype, device=dev(i)) for i in devs]
+        ops = {"comm.broadcast": lambda: comm.broadcast(xs[0], devs),
+               "comm.reduce_add": lambda: comm.reduce_add(xs, destination=devs[0]),
+               "x.to(peer)": lambda: xs[0].to(dev(devs[1]))}
+        warmup, iters, repeat = plan(size)
+        for op, fn in ops.items():
+            t = time_on_devices(fn, setup, warmup=warmup, iters=iters, repeat=repeat)
+            for key in ("median_ms", "p10_ms", "p90_ms"):
+                out["ops"][op][key].append(getattr(t, key))
+        del xs, ops
+    return out
+
+
+def dtype_costs(setup: CommSetup, numel: int = 16 << 20) -> dict:
+    """``reduce_add`` of ``numel`` elements from GPU 1 to GPU 0 in fp32 and fp16 (NCCL), the cast
+    alone, cast-then-reduce, and the fallback path (non-contiguous inputs), same and mixed dtypes.
+
+    Returns ``{"numel": n, "cases": {name: timing dict}, "bytes": {name: bytes over the link}}``.
+    """
+    _need_two(setup)
+    comm, (d0, d1), dev = setup.comm, setup.devices[:2], setup.device
+    rows = 1024
+    numel = max(rows, numel // rows * rows)
+
+    def ones(d, dt, transposed=False):
+        t = torch.ones(rows, numel // rows, dtype=dt, device=dev(d))
+        return t.t() if transposed else t.view(-1)  # .t(): same data, non-contiguous view
+    a32, b32, a16, b16 = ones(d0, torch.float32), ones(d1, torch.float32), ones(d0, torch.half), ones(d1, torch.half)
+    at32, bt32, bt16 = ones(d0, torch.float32, True), ones(d1, torch.float32, True), ones(d1, torch.half, True)
+    cases = {
+        "reduce_add fp32 (NCCL)": (lambda: comm.reduce_add([a32, b32], d0), 4),
+        "reduce_add fp16 (NCCL)": (lambda: comm.reduce_add([a16, b16], d0), 2),
+        "cast fp16 -> fp32 alone (GPU 1)": (lambda: b16.float(), 0),
+        "cast, then reduce_add fp32 (NCCL)": (lambda: comm.reduce_add([a32, b16.float()], d0), 4),
+        "fallback fp32 + fp32 (non-contiguous)": (lambda: comm.reduce_add([at32, bt32], d0), 4),
+        "fallback fp32 + fp16 (non-contiguous, converts)": (lambda: comm.reduce_add([at32, bt16], d0), 2),
+    }
+    out = {"numel": numel, "cases": {}, "bytes": {}}
+    for name, (fn, item) in cases.items():
+        out["cases"][name] = _t(time_on_devices(fn, setup, warmup=2, iters=5, repeat=5))
+        out["bytes"][name] = numel * item
+    return out
+
+
+def many_small(setup: CommSetup, total_bytes: int = 16 << 20, counts=(1, 8, 64, 512, 4096)) -> dict:
+    """Broadcast ``total_bytes`` of fp32 split into ``count`` tensors: one ``comm.broadcast`` per
+    tensor (loop) vs one ``comm.broadcast_coalesced`` call, and one flat tensor of the same bytes.
+
+    Returns ``{"total_bytes", "counts", "loop": [timing dict], "coalesced": [...], "flat": {...}}``.
+    """
+    _need_two(setup)
+    comm, devs, dev = setup.comm, setup.devices, setup.device
+    flat = torch.ones(total_bytes // 4, device=dev(devs[0]))
+    out = {"total_bytes": total_bytes, "counts": list(counts), "loop": [], "coalesced": [],
+           "flat": _t(time_on_devices(lambda: comm.broadcast(flat, devs), setup, iters=10))}
+    for count in counts:
+        pieces = [torch.ones(total_bytes // 4 // count, device=dev(devs[0])) for _ in range(count)]
+
+        def loop():
+            for p in pieces:
+                comm.broadcast(p, devs)
+        reps = dict(warmup=1, iters=max(1, 32 // count), repeat=3 if count >= 512 else 5)
+        out["loop"].append(_t(time_on_devices(loop, setup, **reps)))
+        out["coalesced"].append(_t(time_on_devices(lambda: comm.broadcast_coalesced(pieces, devs),
+                                                   setup, **reps)))
+        del pieces
+    return out
+
+
+def redundant(setup: CommSetup, sizes_bytes=(64 << 10, 64 << 20)) -> dict:
+    """Redundant transfers, per size: broadcast to the other GPUs vs to all (source included);
+    ``out=`` without vs with a tensor on the source GPU (that one forces the copy path);
+    ``reduce_add`` + ``broadcast`` vs one ``nccl.all_reduce`` (same result on every GPU).
+
+    Returns ``{"sizes": [...], "cases": {name: [timing dict per size]}}``.
+    """
+    _need_two(setup)
+    comm, nccl, devs, dev = setup.comm, setup.nccl, setup.devices, setup.device
+    others = devs[1:]
+    out = {"sizes": list(sizes_bytes), "n_devices": len(devs), "cases": {}}
+    for size in sizes_bytes:
+        numel = max(1, size // 4)
+        x = torch.ones(numel, device=dev(devs[0]))
+        remote = [torch.empty(numel, device=dev(i)) for i in others]
+        with_local = [torch.empty(numel, device=dev(devs[0]))] + remote
+        xs = [torch.zeros(numel, device=dev(i)) for i in devs]  # zeros: repeated sums stay finite
+        cases = {
+            "broadcast to the other GPUs": lambda: comm.broadcast(x, others),
+            "broadcast to all GPUs (source included)": lambda: comm.broadcast(x, devs),
+            "broadcast(out=) on the other GPUs": lambda: comm.broadcast(x, out=remote),
+            "broadcast(out=) incl. one on the source GPU": lambda: comm.broadcast(x, out=with_local),
+            "reduce_add + broadcast": lambda: comm.broadcast(comm.reduce_add(xs, destination=devs[0]), devs),
+            "nccl.all_reduce": lambda: nccl.all_reduce(xs),
+        }
+        for name, fn in cases.items():
+            out["cases"].setdefault(name, []).append(_t(time_on_devices(fn, setup, iters=plan(size)[1])))
+        del x, remote, with_local, xs, cases
+    return out
+
+
+def profile_kernels(fn: Callable[[], object], setup: CommSetup, *, trace_path=None,
+                    table_rows: int = 0) -> dict:
+    """Run ``fn`` once (warm-up: NCCL communicators, allocator), then once under
+    ``torch.profiler`` (activities CPU + CUDA). Returns ``{"kernels": device_kernels(...)}``,
+    plus ``"table"`` (``key_averages().table``) if ``table_rows`` and writes a Chrome/Perfetto
+    trace to ``trace_path`` if given."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    setup.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.on_gpu else [])
+    with profile(activities=activities) as prof:
+        fn()
+        setup.synchronize()
+    out = {"kernels": device_kernels(prof.events())}
+    if table_rows:
+        out["table"] = prof.key_averages().table(
+            sort_by="cuda_time_total" if setup.on_gpu else "cpu_time_total", row_limit=table_rows)
+    if trace_path is not None:
+        prof.export_chrome_trace(str(trace_path))
+    return out
+
+
+def profile_ops(setup: CommSetup, size_bytes: int = 4 << 20, extra: dict | None = None) -> dict:
+    """``{op: device_kernels}`` for each ``torch.cuda.comm`` call (and ``extra``: name -> fn) on
+    a ``size_bytes`` fp32 message, each in its own profiler session."""
+    _need_two(setup)
+    comm, nccl, devs, dev = setup.comm, setup.nccl, setup.devices, setup.device
+    numel = size_bytes // 4
+    xs = [torch.ones(numel, device=dev(i)) for i in devs]
+    local = [torch.empty(numel, device=dev(devs[0]))] + [torch.empty(numel, device=dev(i)) for i in devs[1:]]
+    pieces = [t.clone() for t in xs[0].chunk(64)]
+    ops = {"comm.broadcast": lambda: comm.broadcast(xs[0], devs),
+           "comm.broadcast(out=) incl. source GPU": lambda: comm.broadcast(xs[0], out=local),
+           "comm.broadcast_coalesced (64 tensors)": lambda: comm.broadcast_coalesced(pieces, devs),
+           "comm.reduce_add": lambda: comm.reduce_add(xs, destination=devs[0]),
+           "torch.cuda.nccl.all_reduce": lambda: nccl.all_reduce(xs),
+           "comm.scatter": lambda: comm.scatter(xs[0], devs),
+           "comm.gather": lambda: comm.gather(xs, destination=devs[0]),
+           "x.to(peer)": lambda: xs[0].to(dev(devs[1])),
+           **(extra or {})}
+    return {name: profile_kernels(fn, setup)["kernels"] for name, fn in ops.items()}

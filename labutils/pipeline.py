@@ -1,0 +1,297 @@
+"""Pipeline parallelism (lab 04): stage splitting, the GPipe micro-batch loop, and the bubble math.
+
+    from labutils import pipeline
+    pipeline.bubble_fraction(p=2, m=8)                 # 1/9: idle share of a GPipe step
+    pipeline.partition(n_layers=8, p=3)                # [(0, 3), (3, 6), (6, 8)]
+    order = pipeline.schedule_order("1f1b", p=4, m=8)  # per stage: [("F", 0), ..., ("B", 7)]
+    spans, makespan = pipeline.simulate(order, t_f=1, t_b=2)
+    # inside a rank (any world size p, stage = rank):
+    out = pipeline.gpipe_step(stage, x, y, loss_fn, n_microbatches=8, act_shape=(rows // 8, hidden))
+
+Symbols (GPipe paper: Huang et al., NeurIPS 2019, arXiv:1811.06965): p stages (= ranks, "K" there),
+m micro-batches ("M" there), t_f / t_b forward / backward time of one micro-batch on one stage.
+The math is pure (unit-tested without torch.distributed); ``gpipe_step`` and ``SpanTimer`` run in
+ranks, on CUDA tensors over NCCL or CPU tensors over gloo.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _check_pm(p, m) -> None:
+    for name, v in (("p (stages)", p), ("m (micro-batches)", m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+
+
+def bubble_fraction(p: int, m: int) -> float:
+    """Share of a GPipe (or 1F1B) step that each stage sits idle: ``(p - 1) / (m + p - 1)``.
+
+    With uniform stages and free communication a step lasts ``(m + p - 1) (t_f + t_b)`` and each
+    stage works ``m (t_f + t_b)`` of it (GPipe: bubble overhead O((K-1)/(M+K-1))). Megatron-LM
+    (Narayanan et al., SC'21, section 2.2.1) quotes the same bubble relative to the ideal time
+    instead of the step time: (p - 1) / m.
+
+    Raises:
+        ValueError: p or m not an int >= 1.
+    """
+    _check_pm(p, m)
+    return (p - 1) / (m + p - 1)
+
+
+def ideal_speedup(p: int, m: int) -> float:
+    """Step-time speedup of a p-stage pipeline over one device doing the same work, p m / (m + p - 1)
+    (uniform stages, free communication, micro-batches as efficient as the full batch)."""
+    _check_pm(p, m)
+    return p * m / (m + p - 1)
+
+
+def partition(n_layers: int, p: int) -> list[tuple[int, int]]:
+    """Split layers ``0 .. n_layers - 1`` into p contiguous stages, as even as possible.
+
+    Returns:
+        ``[(start, stop), ...]``, one half-open range per stage; earlier stages get the extra layer.
+
+    Raises:
+        ValueError: p < 1 or more stages than layers.
+    """
+    _check_pm(p, 1)
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < p:
+        raise ValueError(f"cannot split {n_layers!r} layers into {p} stages. "
+                         "HINT: every stage needs at least one layer; use fewer ranks or more layers.")
+    q, r = divmod(n_layers, p)
+    bounds, start = [], 0
+    for s in range(p):
+        stop = start + q + (1 if s < r else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def activation_bytes(rows: int, hidden: int, element_size: int) -> int:
+    """Bytes of one activation message between stages: rows x hidden x element_size (bf16: 2)."""
+    return int(rows) * int(hidden) * int(element_size)
+
+
+# ---------------------------------------------------------------- schedules and their timing
+
+def schedule_order(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]:
+    """The order in which each stage runs forward ("F") and backward ("B") of each micro-batch.
+
+    * ``"gpipe"``: all forwards, then all backwards (fill-drain; torch's ``ScheduleGPipe``);
+    * ``"1f1b"``: ``p - s`` forwards, then backward/forward alternately, then the remaining
+      backwards (PipeDream-Flush, Narayanan et al. 2021; torch's ``Schedule1F1B``). Same bubble as
+      GPipe, but stage s holds at most ``p - s`` micro-batches' activations instead of m.
+
+    Raises:
+        ValueError: unknown schedule, or p / m not ints >= 1.
+    """
+    _check_pm(p, m)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}. HINT: one of {SCHEDULES}.")
+    orders = []
+    for s in range(p):
+        if schedule == "gpipe":
+            orders.append([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+            continue
+        warm = min(m, p - s)
+        order = [("F", i) for i in range(warm)]
+        for i in range(m - warm):
+            order += [("B", i), ("F", warm + i)]
+        order += [("B", i) for i in range(m - warm, m)]
+        orders.append(order)
+    return orders
+
+
+def simulate(order: list[list[tuple[str, int]]], t_f: float = 1.0, t_b: float = 2.0,
+             t_comm: float = 0.0) -> tuple[list[dict], float]:
+    """Run a schedule on an idealised machine: every op starts as soon as its stage is free and its
+    input has arrived (forward of micro-batch i on stage s needs stage s-1's forward of i plus
+    ``t_comm``; backward needs stage s+1's backward of i plus ``t_comm``).
+
+    Returns:
+        (spans, makespan): spans as ``plots.timeline_plot`` takes them (times in the unit of t_f).
+
+    Raises:
+        ValueError: the order deadlocks (an op waits for one that can never run).
+    """
+    p = len(order)
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    nxt = [0] * p
+    spans: list[dict] = []
+    while any(nxt[s] < len(order[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            while nxt[s] < len(order[s]):
+                kind, i = order[s][nxt[s]]
+                dep = (kind, s - 1, i) if kind == "F" else (kind, s + 1, i)
+                if 0 <= dep[1] < p and dep not in done:
+                    break  # input not produced yet: try the other stages
+                ready = done[dep] + t_comm if 0 <= dep[1] < p else 0.0
+                start = max(free[s], ready)
+                end = start + (t_f if kind == "F" else t_b)
+                done[(kind, s, i)] = free[s] = end
+                spans.append({"lane": f"stage {s}", "kind": "forward" if kind == "F" else "backward",
+                              "label": f"{kind}{i}", "start_ms": start, "end_ms": end})
+                nxt[s] += 1
+                progressed = True
+        if not progressed:
+            stuck = {s: order[s][nxt[s]] for s in range(p) if nxt[s] < len(order[s])}
+            raise ValueError(f"the schedule deadlocks: next ops {stuck} all wait for each other. "
+                             "HINT: a stage must run F before B of a micro-batch, in a consistent order.")
+    return spans, max(free)
+
+
+def peak_in_flight(order: list[list[tuple[str, int]]]) -> list[int]:
+    """Most micro-batches whose activations stage s holds at once (forward done, backward not yet),
+    for each stage: GPipe m everywhere, 1F1B ``min(m, p - s)``."""
+    peaks = []
+    for ops in order:
+        live = peak = 0
+        for kind, _ in ops:
+            live += 1 if kind == "F" else -1
+            peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
+def bubble_from_spans(spans: list[dict]) -> dict:
+    """Measured bubble of a step from its spans (lane = stage), all times from one common start 0.
+
+    ``step = max end``, ``busy[lane] = sum of the lane's span durations``,
+    ``bubble[lane] = 1 - busy / step``; ``mean`` is the average over lanes.
+    """
+    if not spans:
+        raise ValueError("no spans: nothing ran. HINT: pass the spans of at least one stage.")
+    step = max(s["end_ms"] for s in spans)
+    busy: dict[str, float] = {}
+    for s in spans:
+        busy[s["lane"]] = busy.get(s["lane"], 0.0) + s["end_ms"] - s["start_ms"]
+    bubble = {lane: 1.0 - b / step for lane, b in busy.items()}
+    return {"step_ms": step, "busy_ms": busy, "bubble": bubble,
+            "mean": sum(bubble.values()) / len(bubble)}
+
+
+# ---------------------------------------------------------------- timing and the GPipe loop
+
+class SpanTimer:
+    """Start/end marks of work on each device: CUDA events on GPUs, ``perf_counter`` on the CPU.
+
+    ``begin(devices)`` sets time 0 on every device (call it after a synchronize / barrier, so
+    that the devices' zeros coincide); ``with timer.span(device, lane, kind, label): ...`` brackets
+    work; ``spans()`` synchronises and returns ``[{"lane", "kind", "label", "start_ms", "end_ms"}]``.
+    """
+
+    def __init__(self):
+        self._zero: dict = {}
+        self._marks: list = []
+
+    @staticmethod
+    def _mark(device):
+        import torch
+        if device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(device))
+            return ev
+        return time.perf_counter()
+
+    def begin(self, devices) -> None:
+        self._marks = []
+        self._zero = {d: self._mark(d) for d in devices}
+
+    @contextlib.contextmanager
+    def span(self, device, lane: str, kind: str, label: str):
+        start = self._mark(device)
+        yield
+        self._marks.append((device, lane, kind, label, start, self._mark(device)))
+
+    def spans(self) -> list[dict]:
+        import torch
+        for d in self._zero:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
+        def ms(device, mark):
+            zero = self._zero[device]
+            return zero.elapsed_time(mark) if device.type == "cuda" else (mark - zero) * 1e3
+        return [{"lane": lane, "kind": kind, "label": label, "start_ms": ms(d, a), "end_ms": ms(d, b)}
+                for d, lane, kind, label, a, b in self._marks]
+
+
+def _chunks(t, m: int, what: str):
+    if t.shape[0] % m:
+        raise ValueError(f"{what} has {t.shape[0]} rows, not divisible into {m} equal micro-batches. "
+                         "HINT: choose m that divides the batch (GPipe uses equal micro-batches).")
+    return list(t.chunk(m))
+
+
+def gpipe_step(stage, x, target, loss_fn, n_microbatches: int, act_shape, *, timer: SpanTimer | None = None):
+    """One GPipe training step on this rank's stage: forward of all m micro-batches, then backward.
+
+    Stage s = rank s of the default group, p = world_size. Forward: stage s receives micro-batch i's
+    activation from rank s-1, runs, sends its output to rank s+1. Backward (micro-batches in the same
+    order as torch's ``ScheduleGPipe``): stage s receives d loss / d output from rank s+1, back-
+    propagates, sends d loss / d input to rank s-1. The last stage's loss is ``loss_fn(out_i, y_i) / m``,
+    so with a mean loss the accumulated ``.grad`` equal those of one full-batch step.
+
+    Args:
+        stage: this rank's ``nn.Module`` (its parameters' device and dtype are used for buffers).
+        x: the full input batch on rank 0 (ignored elsewhere); target: the full target on the last rank.
+        loss_fn: ``loss_fn(output, target)``, a mean over rows (e.g. ``F.mse_loss``).
+        n_microbatches: m; must divide the batch.
+        act_shape: shape of one micro-batch's activation between stages, e.g. ``(rows // m, hidden)``.
+        timer: optional ``SpanTimer``: forward spans (loss included) and backward spans per micro-batch.
+
+    Returns:
+        The full-batch output (micro-batch outputs concatenated, detached) on the last rank, else None.
+
+    Raises:
+        ValueError: the batch is not divisible by m.
+    """
+    import torch
+    import torch.distributed as dist
+    rank, p, m = dist.get_rank(), dist.get_world_size(), n_microbatches
+    _check_pm(p, m)
+    param = next(stage.parameters())
+    device, dtype = param.device, param.dtype
+    first, last = rank == 0, rank == p - 1
+    xs = _chunks(x, m, "x") if first else [None] * m
+    ys = _chunks(target, m, "target") if last else [None] * m
+    span = timer.span if timer is not None else (lambda *_: contextlib.nullcontext())
+    lane = f"stage {rank}"
+    inputs, outputs, results, in_flight = [], [], [], []
+    for i in range(m):  # fill: every micro-batch's forward
+        if first:
+            h = xs[i]
+        else:
+            h = torch.empty(act_shape, device=device, dtype=dtype)
+            dist.recv(h, src=rank - 1)
+            h.requires_grad_()
+        with span(device, lane, "forward", f"F{i}"):
+            out = stage(h)
+            if last:
+                results.append(out.detach())
+                out = loss_fn(out, ys[i]) / m
+        if not last:  # isend: the next micro-batch's forward overlaps this transfer
+            act = out.detach()
+            in_flight.append((dist.isend(act, dst=rank + 1), act))
+        inputs.append(h)
+        outputs.append(out)
+    for i in range(m):  # drain: every micro-batch's backward
+        grad = None
+        if not last:
+            grad = torch.empty_like(outputs[i])
+            dist.recv(grad, src=rank + 1)
+        with span(device, lane, "backward", f"B{i}"):
+            torch.autograd.backward(outputs[i], grad_tensors=grad)
+        if not first:
+            g = inputs[i].grad
+            in_flight.append((dist.isend(g, dst=rank - 1), g))
+        inputs[i] = outputs[i] = None  # this micro-batch's activations can go now
+    for work, _ in in_flight:
+        work.wait()
+    return torch.cat(results) if last else None

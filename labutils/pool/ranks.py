@@ -1,0 +1,229 @@
+"""One generation of a pool's ranks: processes, authenticated connections, output pipes, store.
+
+The ranks are fresh interpreters (``python -m labutils.pool.worker``) in their own sessions, with
+the environment of ``procs.rank_env`` (loopback networking, one GPU per rank under NCCL). They
+rendezvous through a ``procs.LoopbackStore`` owned here, and connect back to a
+``protocol.ControlServer`` that is closed as soon as all of them are in. ``pump`` waits on every
+connection and output pipe at once in the calling thread -- no reader threads, so a result wakes
+the notebook the moment it arrives, and output is read in the order it was written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing import connection as mpc
+
+from .. import procs
+from ..errors import RankError, RankTimeout
+from . import protocol
+
+START_HINT = ("the ranks could not start (import torch + process group set-up). Under NCCL check "
+              "that every GPU is visible and free (nvidia-smi); run the same code with "
+              "labutils.launch to see the error on its own.")
+
+
+class Ranks:
+    """One generation of pool ranks (see the module docstring). ``start`` raises with every
+    process killed; ``kill``/``stop`` are idempotent."""
+
+    def __init__(self, world_size: int, backend: str, timeout_s: float, env: dict | None = None):
+        self.world_size, self.backend, self.env = world_size, backend, env
+        self.pg_timeout_s = max(float(timeout_s), 600.0)  # collectives may wait up to this long
+        self.procs: list[subprocess.Popen] = []
+        self.conns: dict[int, mpc.Connection] = {}
+        self.pids: list[int] = []
+        self.devices: list[str] = [""] * world_size
+        self.splitter = protocol.OutputSplitter()
+        self.events: list[tuple] = []
+        self._readers: dict = {}  # waitable object -> ("out" | "conn", rank)
+        self._by_pid: dict[int, int] = {}
+        self.store = None
+        self.started_at = 0.0
+        self.failed_output: list[tuple[int, str]] = []
+
+    def start(self, start_timeout_s: float) -> list[tuple[int, str]]:
+        """Spawn, authenticate and wait for every rank's process group; returns their output."""
+        token = protocol.new_token()
+        server = protocol.ControlServer(token)
+        hello = (json.dumps({"address": list(server.address), "token": token.hex()}) + "\n").encode()
+        try:
+            self.store = procs.LoopbackStore(timeout_s=self.pg_timeout_s)
+            for r in range(self.world_size):
+                p = subprocess.Popen(
+                    [sys.executable, "-u", "-m", "labutils.pool.worker", str(r), str(self.world_size),
+                     self.backend, str(self.store.port), str(self.pg_timeout_s)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    env=procs.rank_env(r, self.world_size, self.store.port, self.backend, self.env),
+                    start_new_session=True, close_fds=True)
+                self.procs.append(p)
+                self.pids.append(p.pid)
+                self._by_pid[p.pid] = r
+                self._readers[p.stdout] = ("out", r)
+                try:  # the token travels through the pipe, never argv or the environment
+                    p.stdin.write(hello)
+                    p.stdin.close()
+                except OSError:
+                    pass  # it died already: found below with its output
+            self._wait_ready(server, start_timeout_s)
+        except BaseException:
+            self.failed_output = self.collect_output()  # for the caller to show (NCCL's words)
+            self.kill()
+            raise
+        finally:
+            server.close()  # nothing listens once the ranks are connected
+        self.started_at = time.monotonic()
+        return self.collect_output()
+
+    def _wait_ready(self, server: protocol.ControlServer, start_timeout_s: float) -> None:
+        deadline = time.monotonic() + start_timeout_s
+        waiting = set(range(self.world_size))
+        while waiting:
+            for rank, kind, _, body in self.pump(0.1, server):
+                if kind == "ready":
+                    waiting.discard(rank)
+                    self.devices[rank] = pickle.loads(body)
+                elif kind == "failed":
+                    info = pickle.loads(body)
+                    raise RankError(rank, exc_type=info["exc_type"], remote_message=info["message"],
+                                    traceback=info["traceback"], hint=START_HINT)
+            dead = {r: c for r, c in self.dead().items() if r in waiting}
+            if dead:
+                r = min(dead)
+                lines = self.collect_output()
+                tail = "".join(t for rr, t in lines if rr == r).splitlines()[-20:]
+                raise RankError(r, exit_code=dead[r], ranks=list(dead), traceback="\n".join(tail),
+                                hint=START_HINT)
+            if time.monotonic() > deadline:
+                raise RankTimeout(sorted(waiting), start_timeout_s, hint=START_HINT.replace(
+                    "could not start", "did not finish starting") + " Or pass a larger start_timeout.")
+
+    def _accept(self, server: protocol.ControlServer) -> None:
+        conn = server.accept(0)
+        if conn is None:
+            return
+        kind, pid = "", 0
+        try:
+            if conn.poll(protocol.HANDSHAKE_S):
+                kind, pid, _ = protocol.unpack(conn.recv_bytes())
+        except Exception:  # noqa: BLE001 - a peer with the token but not our protocol
+            pass
+        rank = self._by_pid.get(pid)
+        if kind != "hello" or rank is None or rank in self.conns:
+            conn.close()  # holds the token but is not one of our ranks: refuse it
+            return
+        self.conns[rank] = conn
+        self._readers[conn] = ("conn", rank)
+
+    def pump(self, timeout_s: float, server: protocol.ControlServer | None = None) -> list[tuple]:
+        """Wait up to ``timeout_s`` for any rank; return messages ``(rank, kind, task_id, body)``.
+
+        Output is split into ``self.events``; a closed connection gives ``(rank, "eof", 0, b"")``.
+        """
+        msgs: list[tuple] = []
+        objs = list(self._readers) + ([server] if server is not None else [])
+        for obj in mpc.wait(objs, timeout_s):
+            if obj is server:
+                self._accept(server)
+                continue
+            what, rank = self._readers[obj]
+            if what == "out":
+                self._read_output(obj, rank)
+                continue
+            try:
+                msgs.append((rank, *protocol.unpack(obj.recv_bytes())))
+            except (EOFError, OSError):
+                del self._readers[obj]
+                self.conns.pop(rank, None)
+                obj.close()
+                msgs.append((rank, "eof", 0, b""))
+        return msgs
+
+    def _read_output(self, pipe, rank: int) -> None:
+        try:
+            data = os.read(pipe.fileno(), 1 << 16)
+        except OSError:
+            data = b""
+        if data:
+            self.events += self.splitter.feed(rank, data)
+        else:  # EOF: the rank has exited
+            del self._readers[pipe]
+            self.events += self.splitter.flush(rank)
+            pipe.close()
+
+    def take_events(self) -> list[tuple]:
+        events, self.events = self.events, []
+        return events
+
+    def read_output(self) -> None:
+        """Read whatever the ranks have written (all of it, for ranks that exited) into ``events``."""
+        for _ in range(1024):  # bounded: a rank that never stops printing must not trap us here
+            pipes = [o for o, (what, _) in self._readers.items() if what == "out"]
+            ready = mpc.wait(pipes, 0) if pipes else []
+            if not ready:
+                return
+            for pipe in ready:
+                self._read_output(pipe, self._readers[pipe][1])
+
+    def collect_output(self) -> list[tuple[int, str]]:
+        """``read_output``, then every line not taken yet as ``(rank, line)``."""
+        self.read_output()
+        return [(r, text) for kind, r, text in self.take_events() if kind == "line"]
+
+    def send(self, rank: int, data: bytes) -> bool:
+        """Send a packed message; False if the rank's connection is gone (it died)."""
+        conn = self.conns.get(rank)
+        try:
+            conn.send_bytes(data)
+            return True
+        except (AttributeError, OSError):
+            return False
+
+    def interrupt(self, ranks) -> None:
+        """SIGINT to these ranks' processes (KeyboardInterrupt inside a running task)."""
+        for r in ranks:
+            if self.procs[r].poll() is None:
+                try:
+                    os.kill(self.procs[r].pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+
+    def dead(self) -> dict[int, int | None]:
+        """``{rank: exit status}`` of ranks whose process has ended."""
+        return {r: p.returncode for r, p in enumerate(self.procs) if p.poll() is not None}
+
+    def exit_code(self, rank: int, wait_s: float = 2.0) -> int | None:
+        try:
+            return self.procs[rank].wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Ask every rank to leave the process group and exit; kill what is left after ``grace_s``."""
+        for r in list(self.conns):
+            self.send(r, protocol.pack("stop"))
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank and whatever it started; close pipes, connections and the store."""
+        procs.kill_tree(self.procs)
+        for obj in list(self._readers):
+            try:
+                obj.close()
+            except OSError:
+                pass
+        self._readers.clear()
+        self.conns.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -1,0 +1,360 @@
+"""Lab 02's measurements, run inside launched ranks (the cost model is in ``tensor_parallel``).
+
+Every function has the rank-function signature ``fn(rank, world_size, ...)`` and returns
+JSON-able data, so a notebook cell is ``labutils.launch(tp_bench.fn, ...)`` inside
+``recorded.live_or_recorded``. Under gloo the same functions run on CPU tensors with small
+sizes (``tests/test_tensor_parallel.py`` does that); timings use ``labutils.timing`` (CUDA
+events, warm-ups, medians, the slowest rank).
+"""
+from __future__ import annotations
+
+import math
+import pickle
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import bandwidth, timing, tp_comm
+from .tensor_parallel import TensorParallelMLP, reference_mlp, shard
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+SWEEP_OPS = ("all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+
+
+# ----------------------------------------------------------------------------- rank helpers
+def _device() -> torch.device:
+    """The tensors' device for this group: this rank's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> str:
+    try:
+        torch.testing.assert_close(got.detach(), expected.detach())
+        return "assert_close OK"
+    except AssertionError as exc:
+        return " ".join(str(exc).split("\n")[:3])
+
+
+# ----------------------------------------------------------------------------- correctness
+def verify_mlp(rank: int, world_size: int, hidden: int = 64, ffn_hidden: int | None = None,
+               tokens: int = 8, dtype: str = "float64", seed: int = 0) -> dict[str, str]:
+    """Compare TensorParallelMLP with the one-device ``nn.Sequential`` it was sharded from:
+    forward output and every gradient (input, both weights, both biases), with
+    ``torch.testing.assert_close`` (float64 by default, so rounding noise cannot hide a bug).
+
+    Returns:
+        ``{quantity: "assert_close OK" | mismatch message}`` for this rank.
+    """
+    dev, dt = _device(), DTYPES[dtype]
+    ref = reference_mlp(hidden, ffn_hidden, seed=seed, device=dev, dtype=dt)
+    tp = TensorParallelMLP.from_sequential(ref)
+    gen = torch.Generator().manual_seed(seed + 1)  # same x and dL/dZ on every rank and machine
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
+    dz = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
+    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    z_ref, z_tp = ref(x_ref), tp(x_tp)
+    z_ref.backward(dz)
+    z_tp.backward(dz)
+    pairs = {"forward output Z": (z_tp, z_ref), "grad of input X": (x_tp.grad, x_ref.grad),
+             "grad of A (column shard)": (tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
+             "grad of bias of A": (tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
+             "grad of B (row shard)": (tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
+             "grad of bias of B": (tp.down.bias.grad, ref[2].bias.grad)}
+    return {name: _close(got, exp) for name, (got, exp) in pairs.items()}
+
+
+# ----------------------------------------------------------------------------- collectives
+def _collective(op: str, size_bytes: int, n: int, dev, dt):
+    """(S in nccl-tests' convention, a zero-argument call issuing ``op`` once)."""
+    elem = torch.empty(0, dtype=dt).element_size()
+    count = max(n, size_bytes // elem // n * n)  # elements of S, a multiple of n
+    z = lambda k: torch.zeros(k, device=dev, dtype=dt)  # noqa: E731 (zeros: sums never overflow)
+    if op == "all_gather":
+        inp, outs = z(count // n), [z(count // n) for _ in range(n)]
+        return count * elem, lambda: dist.all_gather(outs, inp)
+    if op == "all_gather_into_tensor":
+        inp, out = z(count // n), z(count)
+        return count * elem, lambda: tp_comm.all_gather_into_tensor(out, inp)
+    if op == "reduce_scatter_tensor":
+        inp, out = z(count), z(count // n)
+        return count * elem, lambda: tp_comm.reduce_scatter_tensor(out, inp)
+    if op == "all_reduce":
+        buf = z(count)
+        return count * elem, lambda: dist.all_reduce(buf)
+    raise ValueError(f"unknown op {op!r}. HINT: one of {SWEEP_OPS}.")
+
+
+def collective_sweep(rank: int, world_size: int, sizes_bytes: list[int], ops=SWEEP_OPS,
+                     dtype: str = "bfloat16", warmup: int = 5, iters: int = 20, repeat: int = 5) -> dict:
+    """nccl-tests-style sweep: time (slowest rank, median), algbw and busbw per op and size.
+
+    Returns:
+        ``{"world_size", "dtype", "ops": {op: {"size_bytes", "time_ms", "p10_ms", "p90_ms",
+        "algbw_gbps", "busbw_gbps"}}}``; sizes as nccl-tests' S (see ``labutils.bandwidth``).
+    """
+    dev, dt = _device(), DTYPES[dtype]
+    result = {"world_size": world_size, "dtype": dtype, "ops": {}}
+    for op in ops:
+        cols = {k: [] for k in ("size_bytes", "time_ms", "p10_ms", "p90_ms", "algbw_gbps", "busbw_gbps")}
+        for size in sizes_bytes:
+            s, call = _collective(op, size, world_size, dev, dt)
+            t = timing.benchmark_collective(call, warmup=warmup, iters=iters, repeat=repeat)
+            for k, v in (("size_bytes", s), ("time_ms", t.median_ms), ("p10_ms", t.p10_ms),
+                         ("p90_ms", t.p90_ms), ("algbw_gbps", bandwidth.algbw_gbps(s, t.median_ms)),
+                         ("busbw_gbps", bandwidth.busbw_gbps(op, s, t.median_ms, world_size))):
+                cols[k].append(v)
+            del call
+        result["ops"][op] = cols
+    return result
+
+
+# ----------------------------------------------------------------------------- serialisation
+def _field_value(v) -> int:
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}.get(v.valueType, "ullVal")
+    return int(getattr(v.value, attr))
+
+
+def nvlink_tx_bytes() -> int | None:
+    """Bytes sent over NVLink so far by all GPUs together (NVML's data counter, field
+    ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` = 138, in KiB, scope = all links), or None when
+    NVML, the counter or ``pynvml`` (package nvidia-ml-py) is not available."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML, no driver, no package: no witness
+        return None
+    try:
+        total = 0
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            v = pynvml.nvmlDeviceGetFieldValues(handle, [(138, 0xFFFFFFFF)])[0]
+            if v.nvmlReturn != 0:
+                return None
+            total += _field_value(v) * 1024
+        return total
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def link_bytes_per_call(call, iters: int) -> float | None:
+    """NVLink bytes (all GPUs) per call of ``call``, read by rank 0 around ``iters`` calls."""
+    dev = _device()
+    _sync(dev)
+    dist.barrier()
+    before = nvlink_tx_bytes() if dist.get_rank() == 0 else None
+    dist.barrier()
+    for _ in range(iters):
+        call()
+    _sync(dev)
+    dist.barrier()
+    time.sleep(0.1)  # let the counters settle
+    after = nvlink_tx_bytes() if dist.get_rank() == 0 else None
+    return None if before is None or after is None else (after - before) / iters
+
+
+def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat: int = 5,
+                     link_iters: int = 5) -> dict:
+    """The same tensor gathered two ways: ``all_gather_into_tensor`` (NCCL moves the bytes, no
+    serialisation) and ``all_gather_object`` (pickle -> bytes -> all_gather of sizes and of padded
+    byte tensors -> unpickle). Also times pickle/unpickle alone and, at the largest size, counts
+    the NVLink bytes of each path (None without NVML).
+
+    Returns:
+        ``{"rows": [{size_bytes, tensor_ms, object_ms, pickle_ms, unpickle_ms, pickled_bytes,
+        received_devices}], "link": {...}}``; times are the slowest rank's medians.
+    """
+    dev = _device()
+    rows, link = [], {}
+    for size in sizes_bytes:
+        t = torch.zeros(size // 4, dtype=torch.float32, device=dev)
+        out = torch.empty(world_size * t.numel(), dtype=t.dtype, device=dev)
+        objs: list = [None] * world_size
+        as_tensor = lambda: tp_comm.all_gather_into_tensor(out, t)  # noqa: E731
+        as_object = lambda: dist.all_gather_object(objs, t)  # noqa: E731
+        t_tensor = timing.benchmark_collective(as_tensor, warmup=3, iters=10, repeat=repeat)
+        t_object = timing.benchmark_collective(as_object, warmup=1, iters=1, repeat=repeat)
+        dumps, loads = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            blob = pickle.dumps(t)  # what all_gather_object does first (GPU -> CPU copy included)
+            t1 = time.perf_counter()
+            pickle.loads(blob)
+            dumps.append((t1 - t0) * 1e3)
+            loads.append((time.perf_counter() - t1) * 1e3)
+        times = _max_over_ranks([statistics.median(dumps), statistics.median(loads)])
+        rows.append({"size_bytes": t.numel() * 4, "tensor_ms": t_tensor.median_ms,
+                     "object_ms": t_object.median_ms, "pickle_ms": times[0], "unpickle_ms": times[1],
+                     "pickled_bytes": len(blob),
+                     "received_devices": sorted({str(o.device) for o in objs})})
+        if size == max(sizes_bytes):
+            link = {"size_bytes": t.numel() * 4,  # a ring all-gather: each rank sends (n-1) blocks
+                    "payload_bytes_per_call": world_size * (world_size - 1) * t.numel() * 4,
+                    "tensor_link_bytes_per_call": link_bytes_per_call(as_tensor, link_iters),
+                    "object_link_bytes_per_call": link_bytes_per_call(as_object, link_iters)}
+        del t, out, objs
+    return {"world_size": world_size, "rows": rows, "link": link}
+
+
+# ----------------------------------------------------------------------------- partitions
+def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 1000) -> dict:
+    """``dist.all_gather`` into a list whose tensors have *different* sizes (torch.tensor_split
+    of ``rows``), on the default backend and on a gloo group. Returns per backend "works" or the
+    error, e.g. gloo's ``invalid tensor size``; NCCL turns it into one broadcast per rank."""
+    result = {}
+    groups = [(dist.get_backend(), None, _device())]
+    if dist.get_backend() != "gloo":
+        groups.append(("gloo", dist.new_group(backend="gloo"), torch.device("cpu")))
+    for name, group, dev in groups:
+        full = torch.arange(rows * cols, dtype=torch.float32, device=dev).reshape(rows, cols)
+        parts = torch.tensor_split(full, world_size)
+        outs = [torch.empty_like(p) for p in parts]
+        try:
+            dist.all_gather(outs, parts[rank].clone(), group=group)
+            result[name] = f"works, gathered == original: {torch.equal(torch.cat(outs), full)}"
+        except RuntimeError as exc:
+            result[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return result
+
+
+def _phase_times(phases, steps: int, warmup: int, dev) -> list[float]:
+    """Median ms of each phase over ``steps`` back-to-back steps (events between phases)."""
+    for _ in range(warmup):
+        for _, fn in phases:
+            fn()
+    _sync(dev)
+    samples = [[] for _ in phases]
+    for _ in range(steps):
+        if dev.type == "cuda":
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(phases) + 1)]
+            marks[0].record()
+            for i, (_, fn) in enumerate(phases):
+                fn()
+                marks[i + 1].record()
+            marks[-1].synchronize()
+            ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        else:
+            stamps = [time.perf_counter()]
+            for _, fn in phases:
+                fn()
+                stamps.append(time.perf_counter())
+            ms = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+        for s, v in zip(samples, ms):
+            s.append(v)
+    return [statistics.median(s) for s in samples]
+
+
+def imbalance_sweep(rank: int, world_size: int, factors: list[float], rows: int = 8192,
+                    cols: int = 8192, out_cols: int = 1024, dtype: str = "bfloat16", steps: int = 20,
+                    warmup: int = 3) -> dict:
+    """Source section 4.1: every rank computes ``x_r @ W`` (``rows x cols`` times ``cols x out_cols``,
+    a compute-heavy step with a small output), rank 0 with ``k`` x the rows of the others, then all
+    ranks all-gather the (padded) results. Returns per k every rank's median compute, all_gather and
+    step time (ms): the fast ranks' "communication" time grows by exactly their idle time."""
+    dev, dt = _device(), DTYPES[dtype]
+    w = torch.randn(cols, out_cols, device=dev, dtype=dt) / math.sqrt(cols)
+    out = {"world_size": world_size, "rows": rows, "cols": cols, "out_cols": out_cols, "factors": [],
+           "compute_ms": [], "all_gather_ms": [], "step_ms": []}
+    for k in factors:
+        counts = [round(k * rows) if r == 0 else rows for r in range(world_size)]
+        x = torch.randn(counts[rank], cols, device=dev, dtype=dt)
+        padded = torch.zeros(max(counts), out_cols, device=dev, dtype=dt)
+        gathered = torch.empty(world_size * max(counts), out_cols, device=dev, dtype=dt)
+        phases = [("compute", lambda: torch.matmul(x, w, out=padded[: x.shape[0]])),
+                  ("all_gather", lambda: tp_comm.all_gather_into_tensor(gathered, padded))]
+        mine = torch.tensor(_phase_times(phases, steps, warmup, dev) + [0.0], dtype=torch.float64, device=dev)
+        mine[2] = mine[0] + mine[1]
+        every = torch.empty(world_size * 3, dtype=torch.float64, device=dev)
+        tp_comm.all_gather_into_tensor(every, mine)
+        every = every.view(world_size, 3).T.tolist()
+        out["factors"].append(k)
+        for key, v in zip(("compute_ms", "all_gather_ms", "step_ms"), every):
+            out[key].append(v)
+    return out
+
+
+def partitions(rank: int, world_size: int, factors: list[float], **imbalance_kw) -> dict:
+    """Section 4 in one launch: ``uneven_list_gather`` and ``imbalance_sweep(factors)``."""
+    return {"uneven_list": uneven_list_gather(rank, world_size),
+            "imbalance": imbalance_sweep(rank, world_size, factors, **imbalance_kw)}
+
+# ----------------------------------------------------------------------------- the TP MLP
+def _mlp_steps(model: nn.Module, x: torch.Tensor, dz: torch.Tensor):
+    """(forward-only step, forward+backward step) of ``model`` on ``x`` with upstream grad ``dz``."""
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        model(x).backward(dz)
+    return forward, train
+
+
+def _calls_for(step, target_ms: float, dev) -> int:
+    """Calls per timed sample so that one sample lasts about ``target_ms`` (same on all ranks)."""
+    est = timing.benchmark(step, warmup=2, repeat=3, device=dev).median_ms
+    return int(_max_over_ranks([min(50, max(1, math.ceil(target_ms / max(est, 1e-3))))])[0])
+
+
+def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4096,
+                 dtype: str = "bfloat16", ffn_mult: int = 4, target_ms: float = 20.0) -> list[dict]:
+    """TP MLP vs one GPU, per hidden size h (ffn = ffn_mult * h, ``tokens`` rows, bf16).
+
+    On each rank, first the one-device ``nn.Sequential`` on this rank's own GPU (all ranks at
+    once; the notebook reports rank 0's), then the TensorParallelMLP over all ranks (slowest
+    rank, ``timing.benchmark_collective``), then the same steps again with a ``CommTimer`` on, for
+    the median time of one all-reduce *inside* the step. Forward steps run under ``no_grad``;
+    training steps are forward + backward with ``x.requires_grad`` (so 2 all-reduces).
+
+    Returns:
+        One dict per h with ``one_gpu_fwd_ms, one_gpu_train_ms, tp_fwd_ms, tp_train_ms,
+        allreduce_fwd_ms, allreduce_train_ms, allreduce_bytes`` (ms are medians).
+    """
+    dev, dt = _device(), DTYPES[dtype]
+    rows = []
+    for h in hiddens:
+        f = ffn_mult * h
+        x = torch.randn(tokens, h, device=dev, dtype=dt, requires_grad=True)
+        dz = torch.randn(tokens, h, device=dev, dtype=dt)
+        row = {"hidden": h, "ffn_hidden": f, "tokens": tokens, "dtype": dtype,
+               "allreduce_bytes": tokens * h * x.element_size()}
+        seq = nn.Sequential(nn.Linear(h, f, device=dev, dtype=dt), nn.GELU(),
+                            nn.Linear(f, h, device=dev, dtype=dt))
+        for name, step in zip(("one_gpu_fwd_ms", "one_gpu_train_ms"), _mlp_steps(seq, x, dz)):
+            inner = _calls_for(step, target_ms, dev)
+            row[name] = timing.benchmark(step, warmup=1, repeat=7, inner=inner, device=dev).median_ms
+        del seq
+        timer = tp_comm.CommTimer()
+        mlp = TensorParallelMLP(h, f, timer=timer, device=dev, dtype=dt)
+        for name, step in zip(("fwd", "train"), _mlp_steps(mlp, x, dz)):
+            iters = _calls_for(step, target_ms, dev)
+            row[f"tp_{name}_ms"] = timing.benchmark_collective(step, warmup=1, iters=iters, repeat=5).median_ms
+            timer.enabled = True
+            for _ in range(10):
+                step()
+            timer.enabled = False
+            per_op = [ms for v in timer.times_ms().values() for ms in v]
+            timer.reset()
+            row[f"allreduce_{name}_ms"] = _max_over_ranks([statistics.median(per_op) if per_op else 0.0])[0]
+        del mlp
+        rows.append(row)
+    return rows

@@ -1,0 +1,609 @@
+# %% [markdown]
+# # 01 · `torch.cuda.comm` — broadcast, reduce_add and friends, profiled and measured
+#
+# `torch.cuda.comm` moves tensors between the GPUs of **one process**: one Python thread drives
+# every GPU, as `nn.DataParallel` does (it is built on these functions). No ranks, no
+# `torch.distributed` — that comes in the next labs.
+#
+# **You will**
+# 1. run the source tutorial's program as written, see each of its four mistakes, and fix it;
+# 2. use every function of `torch.cuda.comm` (and `torch.cuda.nccl.all_reduce`) correctly, and know
+#    when a call runs NCCL and when it silently falls back to plain copies;
+# 3. profile and measure them on real GPUs, and judge the source's four "optimisation tips" with
+#    numbers: true, false, or "it depends".
+#
+# **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink).
+# With 1 GPU the single-device parts run live; on a CPU-only machine every GPU result is the
+# recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# **Time:** about 45 minutes to work through; designed to execute in under 90 s on 2×H200.
+
+# %% tags=["nbval-ignore-output"]
+import math
+import warnings
+
+import torch
+
+from labutils import bandwidth, cudacomm, hw, plots, recorded
+from labutils import cudacomm_analysis as analysis
+from labutils import cudacomm_bench as bench
+from labutils.checks import lab01 as check
+
+HW = hw.describe()
+MODE = HW.mode                                   # "multi-gpu", "single-gpu" or "cpu"
+LIVE = MODE == "multi-gpu"                       # moving data between GPUs needs >= 2 of them
+DEVICE = "cuda" if MODE != "cpu" else "cpu"      # where the source's tensors go
+HW
+
+# %% [markdown]
+# ## 1 · The source's program, as written
+#
+# The tutorial this course starts from profiles this function. It is copied as written (its
+# comments translated); the only change is `device='cuda'` → `device=DEVICE`, so that the cell
+# also runs without a GPU. Run it:
+
+# %% tags=["raises-exception", "nbval-ignore-output"]
+from torch.autograd import profiler
+
+def communication_function(a, b):
+    c = torch.zeros_like(a)  # a tensor of zeros shaped like a
+    torch.cuda.comm.broadcast(a, [c])  # "broadcast a's data to c"
+    torch.cuda.comm.all_reduce([a, b])  # "global sum of a and b"
+    return c
+
+a = torch.tensor([1, 2, 3], device=DEVICE)
+b = torch.tensor([4, 5, 6], device=DEVICE)
+with profiler.profile(use_cuda=True) as prof:
+    result = communication_function(a, b)
+print(prof.key_averages().table(sort_by='cuda_time_total'))
+
+# %% [markdown]
+# It stops at its first line of communication. Cell by cell, here is everything that is wrong.
+#
+# **Mistake 1 — `torch.cuda.comm` is not imported.** `import torch` does not import the
+# submodule `torch.cuda.comm`, so the attribute does not exist yet:
+
+# %% tags=["raises-exception"]
+torch.cuda.comm
+
+# %% [markdown]
+# The fix is `import torch.cuda.comm`. Its six functions (they live in `torch.nn.parallel.comm`;
+# `torch.cuda.comm` re-exports them) are:
+
+# %%
+import torch.cuda.comm as comm
+from torch.cuda import nccl
+
+print(comm.__name__, sorted(comm.__all__))
+
+# %% [markdown]
+# **Mistake 2 — the second argument of `broadcast` is a list of *devices*.** The source passes an
+# output tensor `[c]`. `broadcast(tensor, devices=None, *, out=None)` takes either devices
+# (ints, `"cuda:1"` or `torch.device`) and returns new tensors, or `out=` tensors to fill — exactly
+# one of the two:
+
+# %% tags=["raises-exception", "nbval-ignore-output"]
+c = torch.zeros_like(a)
+comm.broadcast(a, [c])
+
+# %% [markdown]
+# The message contains the tensor (so it differs between a GPU and a CPU run); stripped of it,
+# the same two checks raise on any machine, before anything reaches a GPU:
+
+# %%
+print(cudacomm.error_text(lambda: comm.broadcast(a, [c])))
+print(cudacomm.error_text(lambda: comm.broadcast(a, [0], out=[c])))
+
+# %% [markdown]
+# **Mistake 3 — there is no `all_reduce` in `torch.cuda.comm`.** The single-process all-reduce
+# is `torch.cuda.nccl.all_reduce(tensors)`: one tensor per GPU, all on *distinct* GPUs, summed
+# **in place**. (`comm.reduce_add` sums onto one GPU only.)
+
+# %% tags=["raises-exception"]
+comm.all_reduce([a, b])
+
+# %% [markdown]
+# **Mistake 4 — `profile(use_cuda=True)` is the deprecated autograd-profiler API.** PyTorch says
+# so when the profiler is constructed; the current API is `torch.profiler.profile(activities=
+# [ProfilerActivity.CPU, ProfilerActivity.CUDA])` (section 3).
+
+# %%
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    profiler.profile(use_cuda=True)                      # constructing it is enough
+print([str(w.message) for w in caught if "use_cuda" in str(w.message)])
+
+# %% [markdown]
+# ### The program, corrected
+#
+# What the source meant: copy `a` to `b`'s GPU, and sum `a` and `b` across the two GPUs. With
+# `a` on GPU 0 and `b` on GPU 1:
+
+# %%
+def communication_function_fixed(a, b):
+    """a on one GPU, b on another: returns c = a copied to b's GPU; then a and b both hold a + b."""
+    c, = comm.broadcast(a, devices=[b.device])   # devices, not output tensors
+    nccl.all_reduce([a, b])                      # the single-process all-reduce, in place
+    return c
+
+
+def communication_function_optimised_as_written(a, b):  # the source's second program, verbatim
+    c = torch.zeros_like(a)  # a tensor of zeros shaped like a
+    a = comm.broadcast(a, [c])[0]  # "broadcast a's data to c"
+    b = comm.broadcast(b, [c])[0]  # "broadcast b's data to c"
+    c = comm.reduce_add([a, b])  # "global sum of a and b"
+    return c
+
+
+def communication_function_optimised(a, b):
+    """The source's "optimised" version, with its [c] read as [c.device] so that it runs."""
+    c = torch.zeros_like(a)
+    a = comm.broadcast(a, [c.device])[0]
+    b = comm.broadcast(b, [c.device])[0]
+    c = comm.reduce_add([a, b])
+    return c
+
+
+def run_source_programs():
+    """Both programs on real GPUs; returns what they computed, as JSON data."""
+    a = torch.tensor([1, 2, 3], device="cuda:0")
+    b = torch.tensor([4, 5, 6], device="cuda:1")
+    c = communication_function_fixed(a, b)
+    fixed = {"c": c.tolist(), "c_device": str(c.device), "a": a.tolist(), "b": b.tolist()}
+    gen = torch.Generator().manual_seed(0)
+    a_host, b_host = torch.randn(32, 1000, generator=gen), torch.randn(32, 1000, generator=gen)
+    a, b = a_host.to("cuda:0"), b_host.to("cuda:0")         # the source puts both on 'cuda'
+    out = communication_function_optimised(a, b)
+    optimised = {
+        "broadcast to its own device returns the input itself": comm.broadcast(a, [a.device])[0].data_ptr() == a.data_ptr(),
+        "NCCL possible for reduce_add([a, b])": nccl.is_available([a, b]),
+        "result device": str(out.device),
+        "result equals a + b": bool(torch.allclose(out.cpu(), a_host + b_host)),
+    }
+    one_gpu = torch.ones(3, device="cuda:0")
+    return {"fixed": fixed, "optimised": optimised,
+            "nccl.all_reduce, both tensors on GPU 0": cudacomm.error_text(
+                lambda: nccl.all_reduce([one_gpu, one_gpu.clone()]))}
+
+
+# %% tags=["nbval-ignore-output"]
+SRC = recorded.live_or_recorded("01_source_program", run_source_programs, gpus_needed=2)
+
+# %% [markdown]
+# What the corrected program computed, compared with the same arithmetic on plain CPU tensors
+# (these lines read the same live and recorded):
+
+# %%
+a0, b0 = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+fixed = SRC.data["fixed"]
+print("c =", fixed["c"], "on", fixed["c_device"], "| a =", fixed["a"], "| b =", fixed["b"])
+print("c is a copy of a on b's GPU:", fixed["c"] == a0.tolist() and fixed["c_device"] == "cuda:1")
+print("a and b both hold a + b:", fixed["a"] == fixed["b"] == (a0 + b0).tolist())
+print("all_reduce with both tensors on one GPU:", SRC.data["nccl.all_reduce, both tensors on GPU 0"])
+
+# %% [markdown]
+# ### What the "optimised" version computes
+#
+# The source's second program repeats mistake 2 (`comm.broadcast(a, [c])`), so as written it
+# raises the same `ValueError`. Read `[c]` as "`c`'s device" and it runs — but `c` was created
+# with `zeros_like(a)`, on `a`'s own GPU. Broadcasting a tensor to its own device returns the
+# tensor itself, and `reduce_add` of two tensors on one GPU cannot use NCCL (it needs distinct
+# devices), so it falls back to `a + b`:
+
+# %%
+print("as written:", cudacomm.error_text(lambda: communication_function_optimised_as_written(a, b)))
+for key, value in SRC.data["optimised"].items():
+    print(f"{key}: {value}")
+
+# %% [markdown]
+# So the "optimised" program is **one addition on one GPU**: no data crosses a link, nothing is
+# communicated, and its profile in section 3 shows neither an NCCL kernel nor a copy — only
+# elementwise kernels (the zeros, the sum). Its four tips deserve a measurement each (section 4).
+
+# %% [markdown]
+# ## 2 · The whole API, checked
+#
+# | call | what it does | NCCL when … | otherwise |
+# | --- | --- | --- | --- |
+# | `broadcast(t, devices)` | a copy of `t` per device; the source's own device gets `t` itself | `t` dense, contiguous, on a GPU | `.to(device)` per device |
+# | `broadcast(t, out=[…])` | fills preallocated tensors | source and outputs contiguous, on distinct GPUs | `out.copy_(t)` per output (casts dtype) |
+# | `broadcast_coalesced(ts, devices, buffer_size=10 MiB)` | flattens `ts` into ≤ 10 MiB buckets, one broadcast per bucket | per bucket, as above | |
+# | `reduce_add(inputs, destination)` | elementwise sum on `destination` (a device holding one input) | inputs dense, contiguous, on distinct GPUs: `nccl.reduce` | `inputs[root] + other.to(root)` (promotes dtype) |
+# | `reduce_add_coalesced(inputs, destination)` | the same for lists of tensors, flattened per bucket | per bucket | |
+# | `scatter(t, devices, chunk_sizes=None, dim=0)` | chunk `k` of `t` to device `k` | never | `chunk.to(device)` |
+# | `gather(ts, dim=0, destination)` | concatenation on `destination` (a GPU or `"cpu"`) | never | `copy_` into slices |
+# | `torch.cuda.nccl.all_reduce(ts)` | in place: every tensor becomes the sum | always; distinct GPUs, one dtype | raises |
+#
+# Sources: `torch/nn/parallel/comm.py`, `torch/csrc/cuda/comm.cpp`, `torch/csrc/cuda/nccl.cpp`
+# (`nccl::is_available` is the test for "NCCL when …"). This is the code that runs every example:
+
+# %% tags=["nbval-ignore-output"]
+import inspect
+
+from IPython.display import Code
+
+Code(inspect.getsource(cudacomm.api_examples), language="python")
+
+# %% tags=["nbval-ignore-output"]
+SETUP = cudacomm.gpu_setup() if LIVE else None   # every GPU of this machine
+API = recorded.live_or_recorded(
+    "01_api_examples", lambda: {"api": cudacomm.api_examples(SETUP), "rules": cudacomm.dtype_rules(SETUP)},
+    gpus_needed=2)
+
+# %% [markdown]
+# Each result against a reference computed here with plain CPU tensors (`torch.testing.assert_close`
+# for values; devices, dtypes and shapes exactly):
+
+# %%
+api_lines = cudacomm.check_api(API.data["api"])
+print("\n".join(api_lines))
+if any(not line.startswith("✓") for line in api_lines):
+    raise AssertionError("some torch.cuda.comm results differ from their references (✗ above)")
+
+# %% [markdown]
+# Two rules you can check on this machine, whatever it has: `reduce_add` validates its inputs in
+# Python before anything reaches a GPU, and the fallback path's `inputs[root] + other` follows
+# PyTorch's type promotion:
+
+# %%
+print(cudacomm.error_text(lambda: comm.reduce_add([torch.ones(2), torch.ones(2)])))
+print("fp32 + fp16 promotes to", torch.result_type(torch.ones(1), torch.ones(1, dtype=torch.float16)))
+
+# %% [markdown]
+# **One GPU.** With a single device every call degenerates: nothing has to move. This cell runs
+# live when the machine has at least one GPU:
+
+# %% tags=["nbval-ignore-output"]
+if MODE != "cpu":
+    for key, value in cudacomm.one_device_examples(cudacomm.gpu_setup(1)).items():
+        print(f"{key}: {value}")
+else:
+    print("No GPU here: torch.cuda.comm needs CUDA tensors. Everything between GPUs is shown from the "
+          "recording; the checks above and the exercises still run on the CPU.")
+
+# %% [markdown]
+# ## 3 · Profiling with `torch.profiler`
+#
+# `torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])` records the
+# CPU-side operators and, through CUPTI, every kernel and memcpy on every GPU. `key_averages()`
+# summarises them; `export_chrome_trace()` writes a trace for Perfetto. We profile the corrected
+# program (on 1 Mi int64 elements, so that the transfers are visible), then each API call alone.
+# `bench.profile_kernels` does one warm-up call first: the first NCCL call creates the
+# communicators, which you do not want in the profile.
+
+# %% tags=["nbval-ignore-output"]
+TRACES = recorded.recorded_dir().parent / "traces"      # notebooks/traces/, not committed
+TRACES.mkdir(parents=True, exist_ok=True)
+
+
+def profile_everything():
+    a = torch.ones(1 << 20, dtype=torch.int64, device="cuda:0")
+    b = torch.ones(1 << 20, dtype=torch.int64, device="cuda:1")
+    program = bench.profile_kernels(lambda: communication_function_fixed(a, b), SETUP,
+                                    trace_path=TRACES / "01_source_fixed.json", table_rows=15)
+    x, y = torch.randn(32, 1000, device="cuda:0"), torch.randn(32, 1000, device="cuda:0")
+    extra = {"source 'optimised' function": lambda: communication_function_optimised(x, y)}
+    return {"program": program, "ops": bench.profile_ops(SETUP, 4 << 20, extra=extra)}
+
+
+PROF = recorded.live_or_recorded("01_profile", profile_everything, gpus_needed=2)
+print(PROF.data["program"]["table"])
+
+# %% [markdown]
+# **The trace.** Open the file below in <https://ui.perfetto.dev> ("Open trace file") or in
+# Chrome at `chrome://tracing` ("Load"): one row per GPU stream, the NCCL kernels of the
+# broadcast and of the all-reduce running on both GPUs at once. Without GPUs this cell writes a
+# CPU-only trace of the same arithmetic, so that you can try the viewer.
+
+# %% tags=["nbval-ignore-output"]
+if PROF.live:
+    trace = TRACES / "01_source_fixed.json"
+else:
+    from torch.profiler import ProfilerActivity, profile
+
+    trace = TRACES / "01_cpu_only.json"
+    with profile(activities=[ProfilerActivity.CPU]) as cpu_prof:
+        (a0 + b0).sum()
+    cpu_prof.export_chrome_trace(str(trace))
+print(f"trace: {trace} ({trace.stat().st_size / 1e3:.0f} kB)")
+
+# %% [markdown]
+# **Which kernels run.** NCCL calls show up as `ncclDevKernel_…` kernels on every GPU involved;
+# plain copies between GPUs as `Memcpy PtoP` (peer-to-peer over NVLink), copies within one GPU
+# as `Memcpy DtoD`. What each call launched:
+
+# %%
+for op, kernels in PROF.data["ops"].items():
+    kinds = sorted({k["kind"] for k in kernels})
+    print(f"{op:42s} {', '.join(kinds) or 'nothing on the GPU'}")
+
+# %% tags=["nbval-ignore-output"]
+for op, kernels in PROF.data["ops"].items():
+    print(f"{op}  [{PROF.label}]")
+    for k in kernels:
+        print(f"    GPU {k['device']}  {k['kind']:14s} {k['count']:3d}x {k['time_us']:9.1f} us  {k['name']}")
+
+# %% [markdown]
+# Read it against the table in section 2: `broadcast`, `reduce_add` and `nccl.all_reduce` run
+# NCCL kernels; `scatter`, `gather` and `.to()` are peer memcpys; `broadcast(out=…)` with one
+# output on the source's own GPU fails the "distinct devices" test and turns into a local and a
+# peer copy; `broadcast_coalesced` adds a concatenation kernel before its NCCL broadcast; and the
+# source's "optimised" function runs elementwise kernels on one GPU and nothing else.
+
+# %% [markdown]
+# ## 4 · The four tips, measured
+#
+# **How we time.** One process drives all GPUs, so a sample records a CUDA event on *every* GPU's
+# current stream, runs `iters` calls back to back, records a second event on every GPU, and keeps
+# the slowest GPU's time / `iters` — the nccl-tests method with GPUs in place of ranks
+# (`bench.time_on_devices`). Warm-ups first, medians of several samples. The host's cost of a
+# call (Python, the NCCL group launch, allocating the output) is included: it is what you pay.
+#
+# ### 4.1 · Tip 1: "use larger data blocks"
+#
+# A transfer of $S$ bytes costs $t(S) = \alpha + S/\beta$ (Hockney): a fixed latency $\alpha$
+# plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ is tiny for small messages
+# and approaches $\beta$ beyond $n_{1/2} = \alpha\beta$, the size that reaches half of it. We sweep
+# 1 KiB … 1 GiB for `comm.broadcast`, `comm.reduce_add` and a plain `x.to("cuda:1")`, and draw the
+# link's physical peak (NVLink: links × per-link speed, from `nvidia-smi nvlink -s`).
+#
+# **Predict** the broadcast bandwidth at 1 GiB, in GB/s (the star in the plot):
+
+# %%
+my_prediction_peak_gbps = None  # ✍ your number, in GB/s
+
+# %% tags=["nbval-ignore-output"]
+SWEEP = recorded.live_or_recorded(
+    "01_bandwidth_sweep", lambda: dict(bench.sweep(SETUP), link_peak_gbps=HW.link_peak_gbps),
+    gpus_needed=2)
+SIZES = SWEEP.data["sizes"]
+FITS = analysis.fits(SWEEP.data)
+plots.bandwidth_plot(
+    SIZES, {op: analysis.algbw(SWEEP.data, op) for op in SWEEP.data["ops"]}, fits=FITS,
+    peak_gbps=SWEEP.data["link_peak_gbps"], peak_label="NVLink peak per direction",
+    prediction=None if my_prediction_peak_gbps is None else (1 << 30, my_prediction_peak_gbps),
+    logy=True, title=f"torch.cuda.comm bandwidth, {SWEEP.data['n_devices']} GPUs [{SWEEP.label}]")
+
+# %% tags=["nbval-ignore-output"]
+for op, fit in FITS.items():
+    bw = analysis.algbw(SWEEP.data, op)
+    print(f"{op:16s} {fit}; n1/2 = {bandwidth.format_size(fit.half_bw_bytes)}; "
+          f"{bw[SIZES.index(4096)]:.2f} GB/s at 4 KiB, {max(bw):.0f} GB/s best; fit within "
+          f"{fit.max_rel_err:.0%} of every point")
+
+# %% [markdown]
+# **Explain.** Below $n_{1/2}$ the time is almost constant — that is $\alpha$, the host and
+# launch work of one call (the fit prints it) — so 1000 messages of 4 KiB cost about 1000 $\alpha$ while
+# one 4 MiB message costs about one. Above it, bandwidth stops growing: "larger blocks" helps up
+# to a few MiB and then has nothing left to give. The gap between the best measured bandwidth and
+# the dotted peak is the link's protocol overhead plus what NCCL's pipeline cannot hide.
+#
+# ### Exercise 1 — predict a transfer from the fit
+#
+# Write the alpha-beta model: the time in **ms** of a message of `size_bytes`, given `alpha_us`
+# (microseconds) and `beta_gbps` (GB/s = 1e9 bytes/s). The checker tests it on fixed numbers,
+# then we use it with the measured broadcast fit for 256 MiB.
+
+# %%
+def predict_time_ms(alpha_us, beta_gbps, size_bytes):
+    """✍ t = alpha + S / beta, in milliseconds."""
+    raise NotImplementedError  # your code here
+
+
+# %%
+PREDICTED_256_MS = check.predict_time(predict_time_ms, FITS["comm.broadcast"], size_bytes=256 << 20)
+
+# %% tags=["nbval-ignore-output"]
+measured_256 = SWEEP.data["ops"]["comm.broadcast"]["median_ms"][SIZES.index(256 << 20)]
+print(f"256 MiB broadcast: predicted {PREDICTED_256_MS:.3f} ms, measured {measured_256:.3f} ms "
+      f"({PREDICTED_256_MS / measured_256 - 1:+.1%}) [{SWEEP.label}]")
+
+# %% [markdown]
+# ### 4.2 · Tip 2: "use the same dtype, otherwise the module converts and slows down"
+#
+# What really happens depends on the path (section 2). On the **NCCL path** nothing is converted:
+# NCCL's input check raises. On the **fallback path** — a non-contiguous input, or two inputs on
+# one GPU — `reduce_add` computes `inputs[root] + other.to(root)` and `broadcast(out=…)` does
+# `out.copy_(src)`: both convert silently. Measured with the API examples (section 2):
+
+# %%
+for case, rule in API.data["rules"].items():
+    print(f"{case:55s} {rule['path']:18s} {rule['outcome']}")
+
+# %% [markdown]
+# So the claim is wrong on the fast path (it raises) and right only where you have already lost
+# NCCL. Now the costs: `reduce_add` of 16 Mi elements from GPU 1 to GPU 0 in fp32 and in fp16
+# (half the bytes), a cast alone, cast-then-reduce, and the fallback path with the same and with
+# mixed dtypes. **Predict** time(fp16) / time(fp32) on the NCCL path:
+
+# %%
+my_prediction_fp16_ratio = None  # ✍ your number (e.g. 1.0 = no gain)
+
+# %% tags=["nbval-ignore-output"]
+DT = recorded.live_or_recorded("01_dtype_costs", lambda: bench.dtype_costs(SETUP), gpus_needed=2)
+dt_ms = {k: v["median_ms"] for k, v in DT.data["cases"].items()}
+plots.bar_plot(list(dt_ms), list(dt_ms.values()), ylabel="time (ms)", annotate="{:.3f}",
+               title=f"reduce_add of {DT.data['numel'] >> 20} Mi elements, GPU 1 -> GPU 0 [{DT.label}]")
+
+# %% tags=["nbval-ignore-output"]
+fp16_ratio = dt_ms["reduce_add fp16 (NCCL)"] / dt_ms["reduce_add fp32 (NCCL)"]
+mixed_vs_same = (dt_ms["fallback fp32 + fp16 (non-contiguous, converts)"]
+                 / dt_ms["fallback fp32 + fp32 (non-contiguous)"])
+print(f"fp16 / fp32 on the NCCL path: {fp16_ratio:.2f} (your prediction: {my_prediction_fp16_ratio})")
+print(f"fallback, mixed / same dtype: {mixed_vs_same:.2f} "
+      f"({'faster' if mixed_vs_same < 1 else 'slower'} with the conversion: it moves fp16 bytes)")
+print(f"fallback fp32 / NCCL fp32: {dt_ms['fallback fp32 + fp32 (non-contiguous)'] / dt_ms['reduce_add fp32 (NCCL)']:.2f}")
+print(f"a cast alone: {dt_ms['cast fp16 -> fp32 alone (GPU 1)']:.3f} ms  [{DT.label}]")
+
+# %% [markdown]
+# **Explain.** Payload bytes set the time of a large transfer, so a narrower dtype is the real
+# lever (at a precision cost). A cast reads and writes GPU memory (several TB/s), far faster than
+# the link, so casting *before* sending is cheap; what is expensive is losing the NCCL path. On the
+# fallback path the conversion happens inside the addition kernel, and whether mixed is slower
+# depends on which side is narrower — read the numbers above.
+
+# %% [markdown]
+# ### 4.3 · Tip 3: "avoid many input blocks, use a single block"
+#
+# The same 16 MiB sent as 1, 8, 64, 512 or 4096 tensors: a Python loop of `comm.broadcast`
+# calls, one `comm.broadcast_coalesced` call (which concatenates into ≤ 10 MiB buckets, broadcasts
+# those, and splits them again), and one flat tensor. **Predict** how many times slower the loop
+# over 4096 tensors is than `broadcast_coalesced`:
+
+# %%
+my_prediction_loop_over_coalesced = None  # ✍ your number
+
+# %% tags=["nbval-ignore-output"]
+MANY = recorded.live_or_recorded("01_many_small", lambda: bench.many_small(SETUP), gpus_needed=2)
+counts = MANY.data["counts"]
+plots.line_plot(
+    counts, {"loop of comm.broadcast": [t["median_ms"] for t in MANY.data["loop"]],
+             "comm.broadcast_coalesced": [t["median_ms"] for t in MANY.data["coalesced"]],
+             "one flat tensor": [MANY.data["flat"]["median_ms"]] * len(counts)},
+    dashed=["one flat tensor"], xlabel="number of tensors (same total bytes)", ylabel="time (ms)",
+    logx=True, logy=True,
+    title=f"{bandwidth.format_size(MANY.data['total_bytes'])} as many tensors [{MANY.label}]")
+
+# %% tags=["nbval-ignore-output"]
+head = analysis.headline(SWEEP.data, MANY.data)
+print(f"{head['many_small_count']} tensors: loop / coalesced = {head['loop_over_coalesced']:.0f}x "
+      f"(your prediction: {my_prediction_loop_over_coalesced}); coalesced / flat = "
+      f"{head['coalesced_over_flat']:.2f}x  [{MANY.label}]")
+
+# %% [markdown]
+# **Explain.** Each call pays $\alpha$ (Python, an output allocation, an NCCL group launch), so a
+# loop over $k$ tensors costs about $k\alpha$ however small they are. Coalescing pays it once per
+# bucket plus a concatenation and a split on the GPU. The tip holds wherever $\alpha$ dominates,
+# and `broadcast_coalesced` already does the work for you.
+#
+# ### Exercise 3 — coalesce by hand
+#
+# Broadcast a list of tensors (one dtype, different shapes) with a **single** `comm.broadcast`:
+# flatten and concatenate, broadcast, split and reshape. Return `out[k][j]`: tensor `j` on
+# `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on GPUs, a CPU stand-in
+# otherwise).
+
+# %%
+def my_broadcast_many(tensors, devices, comm):
+    """✍ One comm.broadcast for all tensors; returns [[tensor j on devices[k] for j] for k]."""
+    raise NotImplementedError  # your code here
+
+
+# %%
+check.broadcast_many(my_broadcast_many)
+
+# %% [markdown]
+# ### 4.4 · Tip 4: "avoid redundant transfers"
+#
+# Three candidates, each at 64 KiB and 64 MiB:
+# * `broadcast` to all GPUs *including the source* vs to the other GPUs only;
+# * `broadcast(out=…)` with vs without an output tensor on the source GPU;
+# * `reduce_add` onto GPU 0 then `broadcast` back, vs one `nccl.all_reduce` — same result on
+#   every GPU. With $n$ GPUs the pair moves about $2S$ per link, a ring all-reduce
+#   $2\frac{n-1}{n}S$ in both directions at once (`bandwidth.ring_time_ms`): for $n = 2$, half.
+#
+# **Predict** how many times slower reduce_add + broadcast is than one all_reduce at 64 MiB:
+
+# %%
+my_prediction_reduce_broadcast_ratio = None  # ✍ your number
+
+# %% tags=["nbval-ignore-output"]
+RED = recorded.live_or_recorded("01_redundant", lambda: bench.redundant(SETUP), gpus_needed=2)
+big = {case: t[-1]["median_ms"] for case, t in RED.data["cases"].items()}
+plots.bar_plot(list(big), list(big.values()), ylabel="time (ms)", annotate="{:.3f}",
+               title=f"{bandwidth.format_size(RED.data['sizes'][-1])} per GPU [{RED.label}]")
+
+# %% tags=["nbval-ignore-output"]
+for case, ts in RED.data["cases"].items():
+    cells = "  ".join(f"{bandwidth.format_size(s):>7s}: {t['median_ms'] * 1e3:9.1f} us"
+                      for s, t in zip(RED.data["sizes"], ts))
+    print(f"{case:45s} {cells}")
+ratio = big["reduce_add + broadcast"] / big["nccl.all_reduce"]
+print(f"\nreduce_add + broadcast / all_reduce = {ratio:.2f} "
+      f"(your prediction: {my_prediction_reduce_broadcast_ratio})  [{RED.label}]")
+
+# %% [markdown]
+# **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source
+# tensor itself, no copy. An output on the source GPU in `broadcast(out=…)` is — and worse, it
+# switches NCCL off for the whole call. And reduce-then-broadcast sends every byte twice, one
+# direction at a time, where an all-reduce uses both directions of every link at once.
+#
+# ### Exercise 2 — an all-reduce from reduce_add + broadcast
+#
+# Build the slow version yourself: sum every input onto one GPU with `comm.reduce_add`, then copy
+# the sum back to every input's GPU with `comm.broadcast`. Return one tensor per input, on the
+# input's device.
+
+# %%
+def my_all_reduce(tensors, comm):
+    """✍ Returns [sum of tensors, on tensors[k].device for each k], from reduce_add + broadcast."""
+    raise NotImplementedError  # your code here
+
+
+# %%
+check.all_reduce(my_all_reduce)
+
+# %% [markdown]
+# ## 5 · Explore: size and dtype → predicted and measured time
+#
+# Pick a number of elements, a dtype and an operation: the widget shows the alpha-beta
+# prediction from the fit and the nearest measured point of the sweep; on a machine with ≥ 2 GPUs
+# tick "measure now" to time that exact message.
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64, "int8": torch.int8}
+
+
+def explore(log2_elements=20, dtype="float32", op="comm.broadcast", measure_now=False):
+    numel = 2 ** log2_elements
+    size = numel * DTYPES[dtype].itemsize
+    fit = FITS[op]
+    near = min(range(len(SIZES)), key=lambda i: abs(math.log2(SIZES[i] / size)))
+    print(f"{numel:,} x {dtype} = {bandwidth.format_size(size)}")
+    print(f"predicted: {fit.predict_ms(size) * 1e3:10.1f} us = {fit.predict_gbps(size):6.1f} GB/s  ({fit})")
+    print(f"measured:  {SWEEP.data['ops'][op]['median_ms'][near] * 1e3:10.1f} us at "
+          f"{bandwidth.format_size(SIZES[near])} [{SWEEP.label}]")
+    if measure_now and LIVE:
+        xs = [torch.ones(numel, dtype=DTYPES[dtype], device=f"cuda:{i}") for i in SETUP.devices]
+        fn = {"comm.broadcast": lambda: comm.broadcast(xs[0], SETUP.devices),
+              "comm.reduce_add": lambda: comm.reduce_add(xs, destination=0),
+              "x.to(peer)": lambda: xs[0].to("cuda:1")}[op]
+        t = bench.time_on_devices(fn, SETUP, **dict(zip(("warmup", "iters", "repeat"), bench.plan(size))))
+        print(f"now:       {t.median_ms * 1e3:10.1f} us  ({t})")
+    elif measure_now:
+        print("measure now needs >= 2 GPUs; this machine has", len(HW.gpus))
+
+
+widgets.interact(explore, log2_elements=widgets.IntSlider(value=20, min=8, max=28),
+                 dtype=list(DTYPES), op=list(FITS), measure_now=False);
+
+# %% [markdown]
+# ## 6 · Summary: the source's four tips
+#
+# Each verdict is computed from the measurements above by `analysis.claims` (thresholds in its
+# code, not typed in by hand), with the numbers behind it:
+
+# %% tags=["nbval-ignore-output"]
+from IPython.display import Markdown
+
+CLAIMS = analysis.claims(SWEEP.data, DT.data, API.data["rules"], MANY.data, RED.data,
+                         link_peak_gbps=SWEEP.data["link_peak_gbps"])
+print(f"[{SWEEP.label}]  peak broadcast {head['peak_broadcast_gbps']:.0f} GB/s at "
+      f"{bandwidth.format_size(head['peak_broadcast_size'])}; {head['many_small_count']} small tensors: "
+      f"loop {head['loop_over_coalesced']:.0f}x slower than broadcast_coalesced")
+Markdown(analysis.markdown_table(CLAIMS))
+
+# %% [markdown]
+# **What to remember**
+# * `import torch.cuda.comm`; `broadcast` takes devices (or `out=`); the single-process
+#   all-reduce is `torch.cuda.nccl.all_reduce`; profile with `torch.profiler`.
+# * NCCL runs only for dense, contiguous tensors on *distinct* GPUs, with one dtype. Anything else
+#   falls back to copies — silently, dtype conversion included.
+# * Per call you pay a fixed $\alpha$; coalesce small tensors (`broadcast_coalesced`), and use one
+#   all-reduce rather than reduce + broadcast.
+#
+# **Next: lab 02.** From here on the course leaves the single process: one rank per GPU,
+# launched with `labutils.launch`, where every rank calls the same collectives of
+# `torch.distributed`.

@@ -1,0 +1,566 @@
+# %% [markdown]
+# # 05 · Debugging distributed programs: hangs, errors, and what NCCL tells you
+#
+# **Objectives**
+# 1. Make the classic failures on purpose — an exception in one rank, a rank that never arrives, collectives
+#    called in a different order or with different shapes, a tensor on the wrong device, a hard-coded port —
+#    and read each error like a professional: *which* rank, *where*, *why*.
+# 2. Use the tools for the job: `RankError`/`RankTimeout` (where every rank was), `TORCH_DISTRIBUTED_DEBUG=DETAIL`,
+#    torch's flight recorder, the `TORCH_NCCL_*` watchdog settings, and `NCCL_DEBUG=INFO` (rings, channels,
+#    transports — what NVLink looks like).
+# 3. Leave with a checklist for the next hang.
+#
+# **GPUs needed for the live path:** 2 (NCCL). Every failure is also made live on CPU ranks (gloo); what only
+# NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
+# **Time:** ~2 min to run (it hangs on purpose, with short timeouts), ~30 min to study.
+
+# %% [markdown]
+# ## Setup
+
+# %% tags=["nbval-ignore-output"]
+import contextlib
+import datetime
+import io
+import shutil
+import socket
+import tempfile
+import time
+
+import psutil
+
+import torch
+import torch.distributed as dist
+
+import labutils
+from labutils import debugging, hw, recorded
+from labutils.checks import lab05 as check
+
+HW = hw.describe()
+MODE = HW.mode
+BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
+labutils.default_config()
+LISTENING_BEFORE = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+HW
+
+# %% [markdown]
+# Three settings for the whole lab. A hang is made on purpose several times, so timeouts are short — but a
+# launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator: several seconds
+# on GPUs), so not *too* short. `ERR_S` collects how long each failure took to surface (summary at the end).
+
+# %%
+HANG_S = 15      # launch timeout (s) for the deliberate hangs
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # flight recorder on
+ERR_S = {}       # failure -> seconds from launch to the error
+
+
+def dev(rank):
+    """This rank's device: its GPU under NCCL, the CPU under gloo."""
+    return torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def timed_launch(name, fn, *args, **kw):
+    """labutils.launch, recording in ERR_S how long it took to return or fail."""
+    t0 = time.perf_counter()
+    try:
+        return labutils.launch(fn, *args, **kw)
+    finally:
+        ERR_S[name] = time.perf_counter() - t0
+
+
+# %% [markdown]
+# ## 1 · An exception in one rank
+#
+# Each rank is a separate process. When one raises, the others do not know: under NCCL they keep waiting in
+# their next collective, forever; under gloo they fail a moment later with *"Connection closed by peer"* —
+# a symptom, not the cause. `labutils.launch` turns this into one `RankError` within seconds: it names the
+# rank that failed **by itself** (not the ones that only lost their peer), shows *that* rank's traceback, and
+# kills every rank.
+
+# %% tags=["raises-exception"]
+def bad_rank(rank, world_size):
+    x = torch.ones(4, device=dev(rank))
+    if rank == world_size - 1:
+        x = x.view(3, -1)           # a bug that only one rank runs into
+    dist.all_reduce(x)              # the other ranks wait here
+    return x
+
+
+err_exception = None
+try:
+    timed_launch("exception in one rank", bad_rank, backend=BACKEND, timeout=60, output="quiet")
+except (labutils.RankError, labutils.RankTimeout) as e:
+    err_exception = e
+    raise
+
+# %% [markdown]
+# **Reading it.** The first line is the whole story: *rank, exception, message*. The `HINT` says what to do
+# next; below it is the failing rank's own traceback, trimmed to your code. The same fields are attributes:
+
+# %%
+e = err_exception
+print(f"rank {e.rank} raised {e.exc_type}; its last traceback line: {e.traceback.strip().splitlines()[-1]}")
+print("the line that raised:", next((ln.strip() for ln in e.traceback.splitlines() if "x.view" in ln), "?"))
+
+# %% [markdown]
+# ## 2 · A rank that never arrives: the timeout, and what it prints
+#
+# A collective returns only when **every** rank of the group has called it. If one rank never gets there —
+# stuck in a data loader, waiting for `input()`, in an endless loop, or taking another branch — the others
+# wait forever. Nothing crashes, nothing prints: the notebook just sits there. `timeout=` bounds the wait;
+# then labutils asks every live rank *where it is* (its Python stack) and what its **flight recorder** holds
+# (the last collectives torch saw it call), kills them all, and raises `RankTimeout`.
+
+# %% tags=["raises-exception"]
+def never_arrives(rank, world_size):
+    x = torch.ones(4, device=dev(rank))
+    dist.all_reduce(x)          # collective #1: every rank
+    if rank == 0:
+        dist.barrier()          # collective #2: rank 0 waits here ...
+    else:
+        time.sleep(3600)        # ... for ranks stuck elsewhere (a slow loader, input(), a bug)
+    return x
+
+
+err_hang = None
+try:
+    timed_launch("a rank never arrives", never_arrives, backend=BACKEND, timeout=HANG_S, env=FR_ENV,
+                 output="quiet")
+except (labutils.RankTimeout, labutils.RankError) as e:
+    err_hang = e
+    raise
+
+# %% [markdown]
+# **Reading it.** `ranks [...] did not finish` lists every rank still running when the time ran out — here all
+# of them, so that list alone does not say who is to blame. The hint does: rank 0 is *inside*
+# `torch.distributed`, the others are not — they never arrived. `where` has each rank's innermost line of your
+# code (`<cell>` is this notebook's cell), and the flight records say which collective the ranks disagree on:
+
+# %%
+flight = getattr(err_hang, "flight", {})
+for r, w in getattr(err_hang, "where", {}).items():
+    print(f"rank {r}: {w}")
+print(debugging.first_divergence(flight))
+for r, rec in flight.items():
+    print(f"rank {r}'s last collectives:", "; ".join(ln.rsplit(":", 1)[0] for ln in debugging.describe_flight(rec)))
+
+# %% [markdown]
+# Under NCCL the host does not wait *inside* most collectives: `all_reduce` only enqueues work on the GPU and
+# returns, and the rank blocks later, wherever it first needs the result (`.item()`, `.cpu()`, returning it).
+# `barrier()` is the exception — it blocks the host until every rank has joined — which is why the `where`
+# above reads the same under NCCL and gloo. When a rank hangs somewhere that surprises you, look for the last
+# collective *before* that line; the flight recorder lists them in order, with their sequence numbers.
+
+# %% [markdown]
+# ## 3 · Mismatched collectives and wrong shapes
+#
+# Collectives are matched **by call order**, not by name: the k-th collective a rank calls pairs with the
+# k-th collective of every other rank. Neither backend compares the calls up front — that would cost an extra
+# round trip per call. So what happens when they differ?
+#
+# **Predict** for `all_reduce` of 4 floats on rank 0 and 5 floats on rank 1: `"hang"`, `"error"` or
+# `"wrong values"`? Is the answer the same under gloo and NCCL?
+
+# %%
+my_prediction_shapes = None  # ✍ "hang", "error" or "wrong values"
+
+# %% [markdown]
+# **Try it** — two mistakes, each in a launch of its own with a 10 s timeout: the order (`all_reduce` then
+# `broadcast` on rank 0, the other way round elsewhere), and the shapes. `raw_mistakes` reports what happened.
+
+# %%
+RAW_S = 10
+
+
+def mistake(rank, world_size, which):
+    x = torch.ones(4 + (rank if which == "shapes" else 0), device=dev(rank))
+    if which == "order" and rank == 0:
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+    elif which == "order":
+        dist.broadcast(x, src=0)
+        dist.all_reduce(x)
+    else:
+        dist.all_reduce(x)
+    return x.sum().item()           # reading the result waits for the GPU under NCCL
+
+
+def raw_mistakes(backend):
+    """What each mistake does on `backend`: {mistake: {"outcome": text, "seconds": s}}."""
+    out = {}
+    for which in ("order", "shapes"):
+        t0 = time.perf_counter()
+        try:
+            values = labutils.launch(mistake, which, backend=backend, timeout=RAW_S, output="quiet")
+            outcome = f"wrong values: no error, sums {values}"
+        except labutils.RankTimeout as e:
+            outcome = f"hang: {str(e).split('. HINT')[0]}"
+        except labutils.RankError as e:
+            outcome = f"error: {str(e).split('. HINT')[0]}"
+        out[which] = {"outcome": outcome, "seconds": round(time.perf_counter() - t0, 1)}
+    return out
+
+
+# %% tags=["nbval-ignore-output"]
+here = raw_mistakes(BACKEND) if MODE != "multi-gpu" else None
+nccl = recorded.live_or_recorded("05_raw_mistakes_nccl", lambda: raw_mistakes("nccl"), gpus_needed=2)
+outcomes = {f"nccl ({nccl.label})": nccl.data}
+if here:
+    outcomes = {f"{BACKEND} (live, this machine)": here, **outcomes}
+for where, data in outcomes.items():
+    for which, o in data.items():
+        print(f"{which:>6} mistake, {where}: {o['outcome'][:220]}  [{o['seconds']} s]")
+        ERR_S[f"raw {which} mistake, {where.split()[0]}"] = o["seconds"]
+check.prediction_outcome(my_prediction_shapes,
+                         {where: data["shapes"]["outcome"].split(":")[0] for where, data in outcomes.items()})
+
+# %% [markdown]
+# **What that says.** The same mistake hangs, crashes or silently "works" depending on the backend, the
+# operation and even the message size: gloo aborts the rank whose buffer is too small for what it receives
+# (its last words, quoted in the error: *"Received data size doesn't match expected size"*) — but with 1 vs 2
+# elements it hangs instead (`tests/test_faults.py` pins both). NCCL's kernels trust that every rank passed
+# the same count; the recorded outcome above is what it did on 2×H200. Never rely on a symptom: make the
+# mismatch *loud*.
+#
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` wraps the process group so that before every collective the ranks
+# exchange a *fingerprint* of the call (operation, shapes, dtypes, devices) over a side gloo group, and raise
+# on every rank when they differ — before anything is sent. One launch can try several mistakes, catching
+# each error and carrying on (nothing was sent, so the group is still usable):
+
+# %%
+def mistakes_under_detail(rank, world_size):
+    d = dev(rank)
+    odd = rank == world_size - 1
+    tries = {
+        "order": lambda: dist.broadcast(torch.ones(4, device=d), src=0) if odd
+        else dist.all_reduce(torch.ones(4, device=d)),
+        "shapes": lambda: dist.all_reduce(torch.ones(5 if odd else 4, device=d)),
+        "dtypes": lambda: dist.all_reduce(torch.ones(4, device=d, dtype=torch.float64 if odd else torch.float32)),
+        "same call everywhere": lambda: dist.all_reduce(torch.ones(4, device=d)),
+        "wrong device (CPU tensor)": lambda: dist.all_reduce(torch.ones(4)),
+    }
+    said = {}
+    for name, call in tries.items():
+        try:
+            call()
+            said[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - we want to see every message
+            said[name] = f"{type(exc).__name__}: {exc}"
+    return said
+
+
+try:
+    detail = labutils.launch(mistakes_under_detail, backend=BACKEND, timeout=60,
+                             env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, output="quiet")
+except (labutils.RankError, labutils.RankTimeout) as e:  # keep going: the rest does not need it
+    detail = [{"wrong device (CPU tensor)": f"(the DETAIL run failed: {e})"}]
+    print(e)
+for name in ("order", "shapes", "dtypes", "same call everywhere"):
+    said = detail[0].get(name, "?")
+    print(f"{name:>21}: {debugging.explain_mismatch(said) or said}")
+
+# %% [markdown]
+# Each line is rank 0's error, cut down to the two fingerprints (`explain_mismatch` drops the device details
+# so that it reads the same on every machine); the full message ends with *"Collectives differ in the
+# following aspects: …"*. DETAIL costs an extra gloo round trip per collective: turn it on to find the bug,
+# off to measure.
+
+# %% [markdown]
+# ## 4 · The wrong device
+#
+# The second source's programs create their tensors with `torch.randn(1000, 1000)` — on the CPU — and then
+# use `backend='nccl'`. NCCL only moves GPU memory. Under gloo a CPU tensor is simply right, so this mistake
+# only shows on GPUs; the last try of the DETAIL launch above made it (live with ≥ 2 GPUs, recorded otherwise):
+
+# %% tags=["nbval-ignore-output"]
+wrong_device = recorded.live_or_recorded(
+    "05_wrong_device_nccl", lambda: {"message": detail[0]["wrong device (CPU tensor)"]}, gpus_needed=2)
+print(f"NCCL + CPU tensor [{wrong_device.label}]:\n  {wrong_device.data['message'][:300]}")
+print("gloo + CPU tensor (this machine):", detail[0]["wrong device (CPU tensor)"] if MODE != "multi-gpu" else "not run")
+print("labutils' hint for it:", labutils.errors.hint_for(wrong_device.data["message"]))
+
+# %% [markdown]
+# Two more device mistakes that labutils' default `init="eager"` rules out, worth knowing when you write the
+# set-up yourself: two ranks on **one** GPU (forgetting `torch.cuda.set_device(rank)` before creating the
+# group — NCCL does not support one GPU twice in a communicator: an error or a hang), and a tensor created on
+# `cuda` (the *current* device) before `set_device`, which puts every rank's data on GPU 0.
+
+# %% [markdown]
+# ## 5 · A hard-coded port
+#
+# Both of the second source's programs rendezvous at `init_method='tcp://localhost:23456'`. Rank 0 listens on
+# that port; the others connect to it. Run two such programs at once — two notebooks, a previous run that is
+# still alive, a colleague — and the port is taken. Here a socket of the notebook takes a free port first, and
+# the source's `init_process_group` is pointed at it (gloo and CPU tensors: the port is the point).
+
+# %%
+def source_style_init(rank, world_size, url):
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return x.item()
+
+
+with socket.socket() as squatter:
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    url = f"tcp://127.0.0.1:{squatter.getsockname()[1]}"
+    try:
+        timed_launch("port taken", source_style_init, url, backend="gloo", init="none", timeout=60,
+                     output="quiet")
+        print("no error?!")
+    except labutils.RankError as e:
+        print(f"rank {e.rank} raised {e.exc_type}; "
+              f"'address already in use': {'address already in use' in e.remote_message.lower()}")
+        print("HINT:", str(e).split("HINT: ")[-1])
+
+# %% [markdown]
+# The fix: no fixed port. `labutils.launch` asks the OS for a free one every time (the rendezvous store lives in
+# the notebook, on 127.0.0.1); with `init="none"` it puts a free one in `MASTER_PORT` for `init_method="env://"`:
+
+# %%
+print(labutils.launch(source_style_init, "env://", backend="gloo", init="none", timeout=60, output="quiet"))
+
+# %% [markdown]
+# ## 6 · torch's own timeout, NCCL's watchdog, and the flight-recorder dump
+#
+# `torch.distributed` has a timeout of its own: `init_process_group(timeout=...)` (10 minutes by default for
+# NCCL). labutils sets it to the launch timeout + 60 s, so that *its* `RankTimeout` comes first, while the ranks
+# are still alive to say where they are. Set a shorter one yourself and torch acts first — differently per
+# backend:
+#
+# * **gloo** raises in the waiting rank: *"Timed out waiting 5000ms for recv operation to complete"*.
+# * **NCCL** has a *watchdog* thread per process group that checks every in-flight collective. With
+#   `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` (labutils sets it) a timed-out collective aborts the communicator and
+#   **kills the process** (SIGABRT) — the only safe exit, since the GPU kernel may never finish. With
+#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` it first writes the flight recorder to `TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`,
+#   and tells the other ranks (through the store) to dump theirs.
+#
+# | setting | what it does |
+# |---|---|
+# | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | on an error or timeout: 1 = abort the communicators, then kill the process (labutils' choice); 3 = kill without aborting (torch's default); 2 = abort only; 0 = nothing |
+# | `TORCH_NCCL_BLOCKING_WAIT=1` | `wait()` raises `DistBackendError` after the timeout in *your* thread, instead of the watchdog killing the process |
+# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` | on a timeout, write each rank's flight recorder to `<prefix><rank>` |
+# | `TORCH_FR_BUFFER_SIZE` (older: `TORCH_NCCL_TRACE_BUFFER_SIZE`) | how many collectives the flight recorder keeps (0 = off) |
+# | `TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` | a monitor thread kills the process if the watchdog itself is stuck |
+# | `TORCH_DISTRIBUTED_DEBUG=DETAIL` | fingerprint check before every collective (section 3) |
+# | `TORCH_CPP_LOG_LEVEL=INFO`, `TORCH_SHOW_CPP_STACKTRACES=1` | torch's C++ logs and stacks (labutils keeps the level at ERROR) |
+#
+# The demo: the process group is created *in* the function with a 5 s timeout; rank 0 calls a second
+# collective that the others never join.
+
+# %%
+def short_torch_timeout(rank, world_size, backend):
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=5), **kw)
+    x = torch.ones(4, device=dev(rank))
+    dist.all_reduce(x)          # collective #1: every rank
+    if rank == 0:
+        dist.barrier()          # collective #2: nobody else comes
+    time.sleep(3600)
+
+
+def torch_timeout_demo(backend):
+    """Run the demo on `backend`; what the error said, how long it took, and the flight-recorder dumps."""
+    prefix = tempfile.mkdtemp(prefix="fr-") + "/rank_"
+    env = {**FR_ENV, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "5000"}
+    t0 = time.perf_counter()
+    try:
+        labutils.launch(short_torch_timeout, backend, backend=backend, init="none", timeout=60, env=env,
+                        output="quiet")
+        error = "no error"
+    except (labutils.RankError, labutils.RankTimeout) as e:
+        error = str(e)
+    dumps = debugging.read_flight_dumps(prefix)
+    shutil.rmtree(prefix.rsplit("/", 1)[0], ignore_errors=True)
+    return {"error": error, "seconds": round(time.perf_counter() - t0, 1),
+            "dumps": {str(r): debugging.describe_flight(rec) for r, rec in dumps.items()},
+            "divergence": debugging.first_divergence(dumps)}
+
+
+# %% tags=["nbval-ignore-output"]
+runs = {}
+if MODE != "multi-gpu":
+    runs[f"{BACKEND} (live, this machine)"] = torch_timeout_demo(BACKEND)
+nccl_timeout = recorded.live_or_recorded("05_torch_timeout_nccl", lambda: torch_timeout_demo("nccl"),
+                                         gpus_needed=2)
+runs[f"nccl ({nccl_timeout.label})"] = nccl_timeout.data
+for where, r in runs.items():
+    ERR_S[f"torch's 5 s timeout, {where.split()[0]}"] = r["seconds"]
+    print(f"--- {where}: error after {r['seconds']} s\n{r['error'][:600]}")
+    print("flight-recorder dumps written by torch:", r["dumps"] or "none")
+    print("first divergence:", r["divergence"])
+
+# %% [markdown]
+# **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
+# process-group timeout expired"*. Under NCCL the rank is killed by SIGABRT: labutils still names it and quotes
+# its last words (the watchdog's *"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
+# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The dump files are what you would collect
+# from every node of a real job; `python -m torch.distributed.flight_recorder.fr_trace <dir>` is torch's own
+# analyser for them, and `debugging.first_divergence` does the essential part of it. gloo writes no dump on
+# a timeout — but `RankTimeout.flight` (section 2) gets the same records by asking the live ranks.
+
+# %% [markdown]
+# ## 7 · `NCCL_DEBUG=INFO`: what NCCL tells you
+#
+# With `NCCL_DEBUG=INFO` every rank prints how NCCL set up its communicator: the version, the network used for
+# the bootstrap, the topology it detected (`NCCL_DEBUG_SUBSYS=GRAPH`), its **channels** (independent paths,
+# each driven by its own thread blocks: more channels, more bandwidth — and more SMs used), the **ring** order
+# of each channel, and the **transport** of every connection: `P2P` (GPU to GPU directly: NVLink when the
+# GPUs are NVLink-connected, otherwise PCIe), `SHM` (through host memory), `NET` (sockets or InfiniBand).
+# `COLL` adds one line per collective call, per rank — the NCCL-level view of section 3's mismatches.
+#
+# **Predict:** which transport will NCCL use between the two H200s, whose `nvidia-smi topo -m` says `NV18`?
+
+# %%
+my_prediction_transport = None  # ✍ "P2P", "SHM" or "NET"
+
+# %%
+def nccl_hello(rank, world_size):
+    x = torch.ones(2 ** 18, device=dev(rank))     # 1 MiB
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    return x[0].item()
+
+
+def nccl_debug_log():
+    """Run two collectives with NCCL_DEBUG=INFO and return the NCCL lines every rank printed."""
+    buf, error = io.StringIO(), ""
+    with contextlib.redirect_stdout(buf):  # launch prints the ranks' lines: capture them
+        try:
+            labutils.launch(nccl_hello, backend="nccl", timeout=120,
+                            env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,COLL"})
+        except (labutils.RankError, labutils.RankTimeout) as e:
+            error = str(e)
+    return {"log": "\n".join(ln for ln in buf.getvalue().splitlines() if "NCCL" in ln), "error": error}
+
+
+# %% tags=["nbval-ignore-output"]
+nccl_log = recorded.live_or_recorded("05_nccl_debug_info", nccl_debug_log, gpus_needed=2)
+lines = nccl_log.data["log"].splitlines()
+if nccl_log.data.get("error"):
+    print("the launch failed:", nccl_log.data["error"][:300])
+print(f"{len(lines)} NCCL lines [{nccl_log.label}]; an excerpt (rank 0, set-up):")
+for ln in [ln for ln in lines if ln.startswith("[rank 0]")][:25]:
+    print("  ", ln[:160])
+
+# %% [markdown]
+# A wall of text. `debugging.parse_nccl_log` pulls out what matters; `summarize_nccl` says it in a few lines:
+
+# %% tags=["nbval-ignore-output"]
+info = debugging.parse_nccl_log(nccl_log.data["log"])
+print(debugging.summarize_nccl(info))
+print("\nthe collectives NCCL logged (rank, operation, element count):", info.collectives[:6])
+print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info.transports) or '?'}")
+
+# %% [markdown]
+# **What NVLink looks like.** The transport lines read `… via P2P/CUMEM/read`: **P2P** — the GPUs write
+# into (here: *read* from) each other's memory directly; over `NV18` that is NVLink (the topology lines show
+# the `NVL` links NCCL found and the bandwidth it assumes for them). **CUMEM** is how the buffers are shared
+# (CUDA's virtual-memory API), **read** means the receiver pulls the data. Each channel appears once per
+# direction; the ring `0 -> 1 -> 0` is all a ring can be with two ranks (with 8 GPUs you would see 8-rank
+# rings in different orders, chosen from the topology). `0 nvls channels`: NVLink SHARP is off on purpose
+# (`NCCL_NVLS_ENABLE=0` on the reference machine). If you ever see `SHM` or `NET/Socket` between GPUs of one
+# machine, peer-to-peer is disabled or impossible there (`NCCL_P2P_DISABLE=1`, a VM without P2P, GPUs on
+# different PCIe roots), and bandwidth drops by an order of magnitude.
+#
+# The `COLL` lines are the cheapest mismatch detector there is: one line per call per rank, with the
+# operation and element count. Two ranks whose lists differ are two ranks that disagree.
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Exercise 1 · Make the mismatch loud
+#
+# Write `my_checked_all_reduce(t)`: an `all_reduce` that, when the ranks' tensors differ in shape or dtype,
+# raises `ValueError` **on every rank**, naming the ranks that differ — instead of hanging or crashing. (This is
+# what `TORCH_DISTRIBUTED_DEBUG=DETAIL` does for every collective.) Hint: exchange a small *fingerprint* of the
+# call first — `dist.all_gather_object` sends any picklable object — and raise only after every rank has it.
+# The checker runs your function on every rank, with matching tensors and with one more element on the last
+# rank, under a 40 s timeout.
+
+# %%
+def my_checked_all_reduce(t):
+    raise NotImplementedError  # ✍ your code here
+
+
+check.checked_all_reduce(my_checked_all_reduce)
+
+# %% [markdown]
+# ### Exercise 2 · A collective behind an `if`
+#
+# The most common hang in real training code: a collective inside a branch that depends on *local* data.
+#
+# ```python
+# def step(rank, world_size, loss, grad):
+#     if torch.isfinite(loss):          # this rank's loss only
+#         dist.all_reduce(grad)         # ... so a rank with a NaN skips the all_reduce the others wait in
+#         return grad / world_size
+#     return None
+# ```
+#
+# Write `my_guarded_step(rank, world_size, loss, grad)`: average `grad` over the ranks, unless **any** rank's
+# loss is not finite — then every rank skips the step and returns `None`. The checker makes the last rank's
+# loss NaN.
+
+# %%
+def my_guarded_step(rank, world_size, loss, grad):
+    raise NotImplementedError  # ✍ your code here
+
+
+check.guarded_step(my_guarded_step)
+
+# %% [markdown]
+# After all these failures, is the notebook's kernel still clean? Every rank was killed, with everything it
+# started; the rendezvous stores are closed.
+
+# %%
+me = psutil.Process()
+left = [p for p in me.children(recursive=True) if "labutils" in " ".join(p.cmdline())]
+listening = {c.laddr for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN} - LISTENING_BEFORE
+print(f"rank processes still alive: {len(left)}; sockets this kernel opened and still listens on: {len(listening)}")
+
+# %% [markdown]
+# ## Checklist for the next hang
+#
+# 1. **Bound it.** Never wait without a timeout: `launch(timeout=...)`, `init_process_group(timeout=...)`.
+#    A silent cell is a hang until proven otherwise.
+# 2. **Who failed by themselves?** The first `RankError` line names the rank and its exception; ranks that
+#    only lost their peers (*"Connection closed by peer"*, NCCL aborts) are consequences.
+# 3. **Where is every rank?** `RankTimeout.where` (or `py-spy dump --pid`): who is inside `torch.distributed`,
+#    who never arrived. Under NCCL, the host blocks *after* the collective, at the first use of its result.
+# 4. **Which collective?** The flight recorder (`RankTimeout.flight`, or `TORCH_NCCL_DUMP_ON_TIMEOUT=1` dumps
+#    + `debugging.first_divergence` / torch's `fr_trace`): the first sequence number where the ranks differ.
+# 5. **Same calls everywhere?** Re-run with `TORCH_DISTRIBUTED_DEBUG=DETAIL`: operation, shapes, dtypes of both
+#    sides. Look for collectives behind `if`s on local data, loops of different lengths, early `return`s.
+# 6. **Right devices?** One GPU per rank (`torch.cuda.set_device(rank)` before anything CUDA), tensors on
+#    that GPU for NCCL, CPU tensors for gloo.
+# 7. **Set-up problems?** `NCCL_DEBUG=INFO` (transports, interfaces, versions); no fixed ports; nothing of a
+#    previous run still alive (`nvidia-smi`, `ps`).
+#
+# ## Summary
+#
+# The source's claims and code, as they ran here:
+#
+# | source | verdict | evidence (this notebook) |
+# |---|---|---|
+# | `init_method='tcp://localhost:23456'` | breaks as soon as the port is taken | section 5: `DistNetworkError … address already in use` on rank 0 |
+# | `torch.randn(1000, 1000)` with `backend='nccl'` | wrong device: NCCL refuses CPU tensors | section 4 (live on GPUs, recorded here otherwise) |
+# | "synchronise" ranks by calling matching collectives | only if every rank calls the same ones in the same order | sections 2–3: hang, abort or silent, depending on backend and size |
+#
+# How long each failure took to surface on this machine (a hang costs its timeout; an error, seconds):
+
+# %% tags=["nbval-ignore-output"]
+for name, s in ERR_S.items():
+    print(f"{name:>42}: {s:5.1f} s")
+print(f"{'longest time to an error (not a timeout)':>42}: "
+      f"{max(s for n, s in ERR_S.items() if 'never arrives' not in n and 'raw' not in n):5.1f} s")
+
+# %% [markdown]
+# **Next:** lab 06 benchmarks every collective the way nccl-tests does — with the ranks you now know how to
+# debug.

@@ -1,0 +1,82 @@
+"""``labutils bench`` on real GPUs (NCCL): every collective and placement correct at small and large
+sizes, other datatypes, the buggy all_reduce caught, the CLI end to end. No timing asserts.
+Skipped unless the machine has >= 2 GPUs.
+
+Run: pytest tests/gpu/test_bench_gpu.py -q     (>= 2 GPUs; about 1 min, mostly NCCL start-up)
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch.distributed as dist
+
+import labutils
+from labutils import bandwidth, bench_ops
+
+from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+
+pytestmark = pytest.mark.gpu
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need not import this module
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _correctness(rank, world_size):
+    out = {}
+    # small sizes, and one large one per collective (buffer views, in place at NCCL's offsets)
+    cfg = bench_ops.BenchConfig(minbytes=8, maxbytes=2**20, stepfactor=32, timed=False, latency=False)
+    out["float"] = bench_ops.sweep(rank, world_size, cfg)["rows"]
+    big = bench_ops.BenchConfig(minbytes=256 * 2**20, maxbytes=256 * 2**20, timed=False, latency=False)
+    out["big"] = bench_ops.sweep(rank, world_size, big)["rows"]
+    for dtype, op in (("bfloat16", "sum"), ("half", "avg"), ("int8", "prod"), ("int64", "max")):
+        c = bench_ops.BenchConfig(minbytes=1024, maxbytes=2**20, stepfactor=1024, datatype=dtype, redop=op,
+                                  root=world_size - 1, timed=False, latency=False)
+        out[f"{dtype} {op}"] = bench_ops.sweep(rank, world_size, c)["rows"]
+    out["bug"] = bench_ops.check_one(rank, world_size, "all_reduce", 4096,
+                                     run=lambda c: dist.all_reduce(c.out.clone()))
+    return out
+
+
+@needs_gpus(2)
+def test_every_collective_is_correct_on_nccl():
+    out = labutils.launch(_correctness, backend="nccl", timeout=300)[0]
+    n = labutils.default_config(verbose=False).world_size
+    for key in ("float", "big", "bfloat16 sum", "half avg", "int8 prod", "int64 max"):
+        rows = out[key]
+        assert {r["collective"] for r in rows} == set(bandwidth.OPS), key
+        bad = [(r["collective"], r["placement"], r["size_bytes"], r["wrong"]) for r in rows if r["wrong"] != 0]
+        assert not bad, (key, bad)
+    assert out["bug"] == n * 4096 // 4
+
+
+def _timed(rank, world_size):
+    cfg = bench_ops.BenchConfig(minbytes=8, maxbytes=64 * 2**20, stepfactor=64, repeat=2)
+    return bench_ops.sweep(rank, world_size, cfg)
+
+
+@needs_gpus(2)
+def test_timed_sweep_rows_are_consistent():
+    res = labutils.launch(_timed, backend="nccl", timeout=300)[0]
+    n = res["meta"]["world_size"]
+    assert res["meta"]["backend"] == "nccl" and all(d["device"].startswith("cuda:") for d in res["meta"]["devices"])
+    assert res["latency"]["size_bytes"] == 8 and res["latency"]["time_us"] > 0
+    for r in res["rows"]:
+        assert r["wrong"] == 0 and r["time_us"] > 0
+        assert r["busbw_gbps"] == pytest.approx(bandwidth.busbw_gbps(r["collective"], r["size_bytes"],
+                                                                     r["time_us"] * 1e-3, n))
+
+
+@needs_gpus(2)
+def test_cli_on_gpus(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "labutils", "bench", "-b", "1K", "-e", "4M", "-f", "16",
+                          "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["meta"]["backend"] == "nccl" and "NVIDIA" in doc["fingerprint"]
+    assert doc["summary"]["wrong_total"] == 0 and doc["summary"]["latency_us"] > 0
+    assert "# Peak bus bandwidth" in out.stdout

@@ -1,0 +1,94 @@
+"""Lab 01 on real GPUs: torch.cuda.comm's results against CPU references, the NCCL vs fallback
+rules, the kernels each call launches, and the measurement functions (small sizes, no timing
+asserts). Skipped unless the machine has enough GPUs.
+
+Run: pytest tests/gpu/test_lab01_gpu.py -q     (>= 2 GPUs; about 20 s, mostly NCCL/CUPTI start-up)
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from labutils import cudacomm
+from labutils import cudacomm_analysis as analysis
+from labutils import cudacomm_bench as bench
+from labutils.checks import lab01 as check
+from labutils.solutions import lab01 as solutions
+
+from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return cudacomm.gpu_setup()
+
+
+@needs_gpus(2)
+def test_every_api_call_matches_its_cpu_reference(setup):
+    rec = json.loads(json.dumps(cudacomm.api_examples(setup)))
+    lines = cudacomm.check_api(rec)
+    assert all(line.startswith("✓") for line in lines), lines
+
+
+@needs_gpus(2)
+def test_nccl_path_raises_on_mixed_dtypes_and_the_fallback_converts(setup):
+    rules = cudacomm.dtype_rules(setup)
+    nccl_mixed = rules["reduce_add fp32 (GPU 0) + fp16 (GPU 1)"]
+    assert nccl_mixed["path"] == "NCCL"
+    assert nccl_mixed["outcome"] == "raises RuntimeError: all inputs and outputs must be of the same Tensor dtype"
+    fallback = rules["reduce_add fp32 + fp16, non-contiguous (.t())"]
+    assert fallback["path"] == "fallback (copies)"
+    assert fallback["outcome"] == "returns torch.float32 [[1.5, 3.5], [2.5, 4.5]]"
+    assert rules["broadcast fp32 -> out=[fp16 on GPU 1]"]["outcome"].startswith("raises RuntimeError")
+    assert rules["broadcast fp32 -> out=[fp16 on GPU 0, fp16 on GPU 1]"]["outcome"].startswith(
+        "returns torch.float16")
+
+
+@needs_gpus(2)
+def test_nccl_all_reduce_needs_distinct_devices():
+    from torch.cuda import nccl
+    x = torch.ones(3, device="cuda:0")
+    assert cudacomm.error_text(lambda: nccl.all_reduce([x, x.clone()])) == \
+        "raises RuntimeError: inputs must be on unique devices"
+
+
+@needs_gpus(1)
+def test_one_device_calls_do_not_copy():
+    assert all(cudacomm.one_device_examples(cudacomm.gpu_setup(1)).values())
+
+
+@needs_gpus(2)
+def test_profiled_kernels_show_nccl_and_peer_copies(setup):
+    ops = bench.profile_ops(setup, 1 << 20)
+    kinds = {op: {k["kind"] for k in ks} for op, ks in ops.items()}
+    assert "nccl" in kinds["comm.broadcast"] and "nccl" in kinds["torch.cuda.nccl.all_reduce"]
+    assert "nccl" in kinds["comm.reduce_add"]
+    assert kinds["x.to(peer)"] == {"peer copy"}
+    assert "nccl" not in kinds["comm.broadcast(out=) incl. source GPU"]
+    assert {k["device"] for k in ops["comm.broadcast"]} == set(setup.devices)
+
+
+@needs_gpus(2)
+def test_measurements_return_data_the_analysis_can_read(setup, tmp_path):
+    sweep = bench.sweep(setup, [1 << 12, 1 << 16, 1 << 20, 1 << 24])
+    assert all(t > 0 for d in sweep["ops"].values() for t in d["median_ms"])
+    fit = analysis.fits(sweep)["comm.broadcast"]
+    assert fit.alpha_us >= 0 and fit.beta_gbps > 0
+    dtypes = bench.dtype_costs(setup, numel=1 << 20)
+    many = bench.many_small(setup, total_bytes=1 << 20, counts=(1, 64))
+    red = bench.redundant(setup, sizes_bytes=(1 << 12, 1 << 20))
+    rows = analysis.claims(sweep, dtypes, cudacomm.dtype_rules(setup), many, red, link_peak_gbps=None)
+    assert len(rows) == 4
+    out = bench.profile_kernels(lambda: torch.ones(8, device="cuda:0") + 1, setup,
+                                trace_path=tmp_path / "t.json", table_rows=5)
+    assert out["kernels"] and (tmp_path / "t.json").stat().st_size > 0
+
+
+@needs_gpus(2)
+def test_checkers_pass_the_solutions_on_gpus(setup):
+    check.all_reduce(solutions.all_reduce_from_reduce_add, setup)
+    check.broadcast_many(solutions.broadcast_many, setup)

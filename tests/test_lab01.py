@@ -1,0 +1,327 @@
+"""Lab 01 (torch.cuda.comm) on the CPU: the API examples and their references, the stand-in, the
+measurement code paths (run on ``cudacomm.cpu_standin()``), the pure analysis (fits, kernel
+names, claims), the exercise checkers, and -- when they exist -- the recordings from 2xH200.
+
+Run: pytest tests/test_lab01.py -q     (a few seconds; the GPU versions are in tests/gpu/)
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from labutils import bandwidth, cudacomm, recorded
+from labutils import cudacomm_analysis as analysis
+from labutils import cudacomm_bench as bench
+from labutils.checks import ExerciseError
+from labutils.checks import lab01 as check
+from labutils.solutions import lab01 as solutions
+
+CPU = staticmethod(lambda i: "cpu")
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ---- error_text ------------------------------------------------------------------------------
+def test_error_text_strips_tensor_reprs_so_cpu_and_gpu_read_the_same():
+    def raise_with(msg):
+        def f():
+            raise ValueError(msg)
+        return f
+    gpu = cudacomm.error_text(raise_with("but got:tensor([0, 0, 0], device='cuda:0')"))
+    cpu = cudacomm.error_text(raise_with("but got:tensor([0, 0, 0])"))
+    multi = cudacomm.error_text(raise_with("got tensor([[1., 2.],\n        [3., 4.]]) and more\nsecond line"))
+    assert gpu == cpu == "raises ValueError: but got:tensor(...)"
+    assert multi == "raises ValueError: got tensor(...) and more"
+    assert cudacomm.error_text(lambda: torch.tensor([1, 2], dtype=torch.float16)) == \
+        "returns torch.float16 [1.0, 2.0]"
+    assert cudacomm.error_text(lambda: None) == "returns None"
+
+
+def test_source_bugs_that_reproduce_on_the_cpu():
+    import torch.cuda.comm as comm
+    a, c = torch.tensor([1, 2, 3]), torch.zeros(3, dtype=torch.int64)
+    assert cudacomm.error_text(lambda: comm.broadcast(a, [c])) == (
+        "raises ValueError: Expected a torch.device with a specified index or an integer, but got:tensor(...)")
+    assert cudacomm.error_text(lambda: comm.broadcast(a, [0], out=[c])).startswith(
+        "raises RuntimeError: Exactly one of 'devices' and 'out' must be specified")
+    assert not hasattr(comm, "all_reduce")
+    assert cudacomm.error_text(lambda: comm.reduce_add([a, a])).startswith("raises AssertionError: reduce_add "
+                                                                           "expects all inputs to be on GPUs")
+
+
+def test_importing_lab01_modules_does_not_import_torch_cuda_comm():
+    """The notebook's first checked cell shows `torch.cuda.comm` -> AttributeError; any import of the
+    submodule by labutils before that cell would make it lie."""
+    code = ("import sys, torch, labutils, labutils.cudacomm, labutils.cudacomm_bench, "
+            "labutils.cudacomm_analysis, labutils.checks.lab01, labutils.hw, labutils.plots, "
+            "labutils.recorded; print('torch.cuda.comm' in sys.modules, hasattr(torch.cuda, 'comm'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+# ---- the stand-in and the API examples ---------------------------------------------------------
+@pytest.mark.parametrize("n", [2, 3])
+def test_api_examples_match_their_references_on_the_standin(n):
+    rec = json.loads(json.dumps(cudacomm.api_examples(cudacomm.cpu_standin(n))))  # as recorded
+    lines = cudacomm.check_api(rec, device=lambda i: "cpu")
+    assert len(lines) == len(cudacomm.API_MEANING) and all(line.startswith("✓") for line in lines), lines
+
+
+def test_api_reference_shapes_for_three_devices():
+    ref = cudacomm.api_reference(3)
+    assert [c["shape"] for c in ref["scatter"]] == [[2, 3]] * 3
+    assert [c["shape"] for c in ref["scatter(chunk_sizes=)"]] == [[1, 3], [1, 3], [4, 3]]
+    assert ref["reduce_add"]["values"] == [6.0, 12.0, 18.0, 24.0]
+    assert [c["device"] for c in ref["nccl.all_reduce"]] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert ref["gather(destination='cpu')"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("mutate, expect", [
+    (lambda r: r["reduce_add"].update(values=[0.0, 0.0, 0.0, 0.0]), "✗ reduce_add: values differ"),
+    (lambda r: r["scatter"][1].update(device="cuda:0"), "✗ scatter: device is 'cuda:0', expected 'cuda:1'"),
+    (lambda r: r["broadcast_coalesced"][1][1].update(dtype="float32"), "✗ broadcast_coalesced: dtype"),
+    (lambda r: r.pop("gather"), "✗ gather: expected a tensor, got None"),
+    (lambda r: r["nccl.all_reduce"].pop(), "✗ nccl.all_reduce: expected 2 results"),
+    (lambda r: r.update({"broadcast returns the source itself": False}), "✗ broadcast returns the source"),
+])
+def test_check_api_reports_what_differs(mutate, expect):
+    rec = cudacomm.api_reference(2)
+    mutate(rec)
+    bad = [line for line in cudacomm.check_api(rec) if line.startswith("✗")]
+    assert len(bad) == 1 and bad[0].startswith(expect), bad
+
+
+def test_standin_broadcast_needs_exactly_one_of_devices_and_out():
+    s = cudacomm.CpuComm()
+    with pytest.raises(RuntimeError, match="Exactly one"):
+        s.broadcast(torch.ones(2))
+    with pytest.raises(RuntimeError, match="Exactly one"):
+        s.broadcast(torch.ones(2), [0], out=[torch.ones(2)])
+
+
+def test_call_counter_counts_and_forwards():
+    counted = cudacomm.CallCounter(cudacomm.CpuComm())
+    out = counted.reduce_add([torch.ones(2), torch.ones(2)])
+    counted.broadcast(out, [0, 1])
+    counted.broadcast(out, [0, 1])
+    assert torch.equal(out, torch.full((2,), 2.0))
+    assert counted.calls == {"reduce_add": 1, "broadcast": 2}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_gpu_setup_without_gpus_says_what_to_do():
+    with pytest.raises(RuntimeError, match="HINT: use cpu_standin"):
+        cudacomm.gpu_setup()
+
+
+def test_one_device_examples_and_dtype_rules_run_on_the_standin():
+    assert all(cudacomm.one_device_examples(cudacomm.cpu_standin(1)).values())
+    rules = cudacomm.dtype_rules(cudacomm.cpu_standin(2))
+    assert "reduce_add fp32 (GPU 0) + fp16 (GPU 1)" in rules  # the key analysis.claims reads
+    assert all(set(r) == {"path", "outcome"} for r in rules.values())
+    assert rules["reduce_add fp32 + fp16, both on GPU 0"]["outcome"].startswith("returns torch.float32")
+
+
+# ---- measurement code paths on the stand-in ---------------------------------------------------
+def test_time_on_devices_rejects_bad_counts_and_times_on_the_cpu():
+    setup = cudacomm.cpu_standin(2)
+    for bad in ({"iters": 0}, {"repeat": 0}, {"warmup": -1}, {"iters": True}, {"repeat": 2.0}):
+        with pytest.raises(ValueError):
+            bench.time_on_devices(lambda: None, setup, **bad)
+    t = bench.time_on_devices(lambda: torch.ones(100).sum(), setup, warmup=1, iters=3, repeat=4)
+    assert len(t.samples_ms) == 4 and t.median_ms > 0
+
+
+def test_plan_keeps_big_messages_cheap():
+    assert bench.plan(1024) == (2, 50, 5)
+    assert bench.plan(1 << 20) == (2, 8, 5)
+    assert bench.plan(1 << 30) == (1, 1, 3)
+
+
+def test_experiments_need_two_devices():
+    with pytest.raises(ValueError, match="needs >= 2"):
+        bench.sweep(cudacomm.cpu_standin(1), [1024])
+
+
+def test_sweep_dtype_many_redundant_return_json_data_of_the_expected_shape():
+    setup = cudacomm.cpu_standin(2)
+    sw = bench.sweep(setup, [1 << 12, 1 << 16])
+    assert sw["sizes"] == [4096, 65536] and set(sw["ops"]) == set(bench.SWEEP_OPS)
+    assert all(len(d["median_ms"]) == 2 for d in sw["ops"].values())
+    dt = bench.dtype_costs(setup, numel=1 << 12)
+    assert dt["numel"] == 1 << 12 and dt["bytes"]["reduce_add fp16 (NCCL)"] == 2 << 12
+    many = bench.many_small(setup, total_bytes=1 << 14, counts=(1, 4))
+    assert len(many["loop"]) == len(many["coalesced"]) == 2
+    red = bench.redundant(setup, sizes_bytes=(1 << 10, 1 << 12))
+    assert all(len(v) == 2 for v in red["cases"].values())
+    for data in (sw, dt, many, red):
+        assert json.loads(json.dumps(data)) == data
+
+
+def test_profile_kernels_writes_a_trace_and_a_table(tmp_path):
+    setup = cudacomm.cpu_standin(2)
+    out = bench.profile_kernels(lambda: torch.ones(64) + 1, setup, trace_path=tmp_path / "t.json",
+                                table_rows=5)
+    assert out["kernels"] == []  # no GPU activity on the CPU
+    assert "aten::add" in out["table"]
+    assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
+    ops = bench.profile_ops(setup, 1 << 12, extra={"mine": lambda: None})
+    assert "comm.broadcast" in ops and "mine" in ops
+
+
+# ---- pure analysis --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, kind", [
+    ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "nccl"),
+    ("Memcpy PtoP (Device -> Device)", "peer copy"),
+    ("Memcpy DtoD (Device -> Device)", "local copy"),
+    ("Memcpy HtoD (Pageable -> Device)", "host copy"),
+    ("Memset (Device)", "memset"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)", "compute kernel"),
+])
+def test_kernel_kind(name, kind):
+    assert analysis.kernel_kind(name) == kind
+
+
+def test_short_kernel_name():
+    long = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+            "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+    assert analysis.short_kernel_name(long) == "at::native::vectorized_elementwise_kernel<…>"
+    assert analysis.short_kernel_name("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)") \
+        == "ncclDevKernel_Broadcast_RING_LL"
+    assert analysis.short_kernel_name("Memcpy PtoP (Device -> Device)") == "Memcpy PtoP (Device -> Device)"
+    assert len(analysis.short_kernel_name("k" * 100, width=20)) == 20
+
+
+def test_device_kernels_groups_device_events_only():
+    def ev(name, device_type="DeviceType.CUDA", device=0, us=5.0, annotation=False):
+        return SimpleNamespace(name=name, device_type=device_type, device_index=device, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+    events = [ev("ncclDevKernel_Broadcast_RING_LL(x)"), ev("ncclDevKernel_Broadcast_RING_LL(x)", us=7.0),
+              ev("ncclDevKernel_Broadcast_RING_LL(x)", device=1), ev("aten::add", device_type="DeviceType.CPU"),
+              ev("my_range", annotation=True), ev("Memcpy PtoP (Device -> Device)")]
+    rows = analysis.device_kernels(events)
+    assert [(r["device"], r["kind"], r["count"], r["time_us"]) for r in rows] == [
+        (0, "nccl", 2, 12.0), (0, "peer copy", 1, 5.0), (1, "nccl", 1, 5.0)]
+
+
+def _ab(sizes, alpha_us, beta_gbps):
+    return [alpha_us * 1e-3 + s / (beta_gbps * 1e6) for s in sizes]
+
+
+def _synthetic(bcast_beta=350.0, loop_ms=120.0, rb_ms=0.4, raises=True):
+    sizes = bandwidth.size_sweep(1 << 10, 1 << 30, 2)
+    sweep = {"sizes": sizes, "n_devices": 2, "ops": {
+        op: {"median_ms": _ab(sizes, a, b)} for op, (a, b) in
+        {"comm.broadcast": (30.0, bcast_beta), "comm.reduce_add": (40.0, 330.0), "x.to(peer)": (10.0, 390.0)}.items()}}
+    t = lambda ms: {"median_ms": ms}  # noqa: E731
+    dtypes = {"numel": 16 << 20, "cases": {
+        "reduce_add fp32 (NCCL)": t(0.2), "reduce_add fp16 (NCCL)": t(0.11), "cast fp16 -> fp32 alone (GPU 1)": t(0.03),
+        "cast, then reduce_add fp32 (NCCL)": t(0.23), "fallback fp32 + fp32 (non-contiguous)": t(0.4),
+        "fallback fp32 + fp16 (non-contiguous, converts)": t(0.3)}}
+    outcome = "raises RuntimeError: all inputs..." if raises else "returns torch.float32 [1.0]"
+    rules = {"reduce_add fp32 (GPU 0) + fp16 (GPU 1)": {"path": "NCCL", "outcome": outcome}}
+    many = {"total_bytes": 16 << 20, "counts": [1, 4096], "loop": [t(0.05), t(loop_ms)],
+            "coalesced": [t(0.06), t(1.2)], "flat": t(0.05)}
+    names = ["broadcast to the other GPUs", "broadcast to all GPUs (source included)",
+             "broadcast(out=) on the other GPUs", "broadcast(out=) incl. one on the source GPU",
+             "reduce_add + broadcast", "nccl.all_reduce"]
+    redundant = {"sizes": [1 << 16, 64 << 20], "cases": {
+        n: [t(0.03), t(v)] for n, v in zip(names, [0.2, 0.2, 0.2, 0.21, rb_ms, 0.2])}}
+    return sweep, dtypes, rules, many, redundant
+
+
+def test_fits_recover_alpha_and_beta():
+    sweep = _synthetic()[0]
+    fit = analysis.fits(sweep)["comm.broadcast"]
+    assert fit.alpha_us == pytest.approx(30.0, rel=1e-6) and fit.beta_gbps == pytest.approx(350.0, rel=1e-6)
+    assert analysis.algbw(sweep, "x.to(peer)")[-1] == pytest.approx(bandwidth.algbw_gbps(1 << 30, _ab([1 << 30], 10, 390)[0]))
+
+
+def test_claims_verdicts_follow_the_numbers():
+    rows = analysis.claims(*_synthetic(), link_peak_gbps=478.0)
+    assert [r["claim"] for r in rows] == list(analysis.CLAIMS)
+    assert [r["verdict"] for r in rows] == ["TRUE, up to a point", "FALSE as stated", "TRUE", "TRUE"]
+    assert "% of the 478 GB/s link" in rows[0]["evidence"] and "100x less" in rows[2]["evidence"]
+    assert "2.0x one nccl.all_reduce" in rows[3]["evidence"]
+    flat = analysis.claims(*_synthetic(loop_ms=0.06, rb_ms=0.2, raises=False))
+    assert [r["verdict"] for r in flat][1:] == ["IT DEPENDS", "IT DEPENDS", "IT DEPENDS"]
+    head = analysis.headline(_synthetic()[0], _synthetic()[3])
+    assert head["peak_broadcast_size"] == 1 << 30 and head["loop_over_coalesced"] == pytest.approx(100.0)
+
+
+def test_markdown_table_escapes_pipes():
+    table = analysis.markdown_table([{"claim": "a|b", "verdict": "TRUE", "evidence": "x"}])
+    assert table.splitlines()[2] == "| a\\|b | **TRUE** | x |"
+
+
+# ---- exercises ------------------------------------------------------------------------------------
+def test_predict_time_checker(capsys):
+    fit = bandwidth.AlphaBeta(20.0, 400.0, 0.0)
+    assert check.predict_time(solutions.predict_time_ms, fit) == pytest.approx(fit.predict_ms(256 << 20))
+    assert check.predict_time(_stub) is None
+    assert "not attempted" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="factor of 1000"):
+        check.predict_time(lambda a, b, s: a + s / (b * 1e6))            # alpha left in us
+    with pytest.raises(ExerciseError, match="HINT"):
+        check.predict_time(lambda a, b, s: s / (b * 1e6))                # no alpha
+    with pytest.raises(ExerciseError, match="not a number"):
+        check.predict_time(lambda a, b, s: "fast")
+
+
+def test_all_reduce_checker():
+    check.all_reduce(solutions.all_reduce_from_reduce_add)
+    check.all_reduce(_stub)
+    check.all_reduce(solutions.all_reduce_from_reduce_add, cudacomm.cpu_standin(4))
+    with pytest.raises(ExerciseError, match="through the `comm` argument"):
+        check.all_reduce(lambda ts, comm: [sum(ts) for _ in ts])
+    with pytest.raises(ExerciseError, match="built-in all_reduce"):
+        check.all_reduce(lambda ts, comm: (comm.all_reduce(ts), ts)[1])
+    with pytest.raises(ExerciseError, match="not the sum"):
+        check.all_reduce(lambda ts, comm: list(comm.broadcast(comm.reduce_add(ts) * 2, [0, 1])))
+    with pytest.raises(ExerciseError, match="not a list"):
+        check.all_reduce(lambda ts, comm: comm.reduce_add(ts))
+
+
+def test_broadcast_many_checker():
+    check.broadcast_many(solutions.broadcast_many)
+    check.broadcast_many(_stub)
+    with pytest.raises(ExerciseError, match="broadcast_coalesced"):
+        check.broadcast_many(lambda ts, devs, comm: comm.broadcast_coalesced(ts, devs))
+    with pytest.raises(ExerciseError, match="made 3 comm.broadcast calls"):
+        check.broadcast_many(lambda ts, devs, comm: [list(g) for g in zip(*[comm.broadcast(t, devs) for t in ts])])
+    with pytest.raises(ExerciseError, match="other values"):
+        check.broadcast_many(lambda ts, devs, comm: [[torch.zeros_like(t) for t in ts] for _ in
+                                                     comm.broadcast(ts[0], devs)])
+    with pytest.raises(ExerciseError, match="one per device"):
+        check.broadcast_many(lambda ts, devs, comm: [comm.broadcast(ts[0], devs)])
+
+
+# ---- the recordings made on 2xH200 (skipped until they exist) ----------------------------------
+RECORDINGS = ("01_source_program", "01_api_examples", "01_profile", "01_bandwidth_sweep",
+              "01_dtype_costs", "01_many_small", "01_redundant")
+REC_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
+
+
+@pytest.mark.skipif(not all((REC_DIR / f"{n}.json").exists() for n in RECORDINGS),
+                    reason="lab 01 recordings not made yet (run the notebook on >= 2 GPUs with LABUTILS_RECORD=1)")
+def test_recordings_are_complete_and_correct():
+    m = {n: recorded.load(n, REC_DIR) for n in RECORDINGS}
+    assert all(line.startswith("✓") for line in cudacomm.check_api(m["01_api_examples"].data["api"]))
+    assert m["01_source_program"].data["fixed"]["a"] == [5, 7, 9]
+    assert len(m["01_bandwidth_sweep"].data["sizes"]) == len(bandwidth.size_sweep(1 << 10, 1 << 30, 2))
+    rows = analysis.claims(m["01_bandwidth_sweep"].data, m["01_dtype_costs"].data,
+                           m["01_api_examples"].data["rules"], m["01_many_small"].data,
+                           m["01_redundant"].data, m["01_bandwidth_sweep"].data["link_peak_gbps"])
+    assert len(rows) == 4
+    kinds = {op: {k["kind"] for k in ks} for op, ks in m["01_profile"].data["ops"].items()}
+    assert "nccl" in kinds["comm.broadcast"] and "peer copy" in kinds["x.to(peer)"]
