@@ -115,7 +115,7 @@ class GPU:
     memory_gib: float
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class HardwareInfo:
     """What ``describe()`` found. ``links[(i, j)]`` is the topo code (``NV18`` = 18 NVLinks)."""
     mode: str
@@ -189,6 +189,8 @@ class HardwareInfo:
     def __str__(self) -> str:
         w = max(len(k) for k, _ in self.rows())
         return "\n".join(f"{k:<{w}}  {v}" for k, v in self.rows())
+
+    __repr__ = __str__  # a notebook's last expression shows the table, not the dataclass fields
 
     def _repr_html_(self) -> str:
         body = "".join(f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'>{v}</td></tr>"

@@ -283,7 +283,8 @@ def test_all_reduce_checker():
     check.all_reduce(_stub)
     check.all_reduce(solutions.all_reduce_from_reduce_add, cudacomm.cpu_standin(4))
     with pytest.raises(ExerciseError, match="through the `comm` argument"):
-        check.all_reduce(lambda ts, comm: [sum(ts) for _ in ts])
+        # the right sum, made without `comm` (device-safe on GPUs too)
+        check.all_reduce(lambda ts, comm: [sum(x.to(t.device) for x in ts) for t in ts])
     with pytest.raises(ExerciseError, match="built-in all_reduce"):
         check.all_reduce(lambda ts, comm: (comm.all_reduce(ts), ts)[1])
     with pytest.raises(ExerciseError, match="not the sum"):

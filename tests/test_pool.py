@@ -227,8 +227,12 @@ def test_bad_task_arguments(pool, kwargs, match):
 def test_bad_pool_arguments():
     with pytest.raises(LaunchConfigError, match="world_size must be >= 1"):
         RankPool(world_size=0)
-    with pytest.raises(LaunchConfigError, match="needs CUDA GPUs"):
-        RankPool(backend="nccl") if not torch.cuda.is_available() else RankPool(world_size=99)
+    if torch.cuda.is_available():
+        with pytest.raises(LaunchConfigError, match="needs 99 GPUs"):
+            RankPool(backend="nccl", world_size=99)
+    else:
+        with pytest.raises(LaunchConfigError, match="needs CUDA GPUs"):
+            RankPool(backend="nccl")
     with pytest.raises(LaunchConfigError, match="timeout must be"):
         RankPool(timeout=-1)
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import jupytext
 import nbformat
-from jupytext.combine import combine_inputs_with_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"
@@ -40,9 +39,24 @@ def build(src: Path) -> bool:
         old = nbformat.read(dst, as_version=4)
         if _cells(old) == _cells(new):
             return False
-        combine_inputs_with_outputs(new, old)
+        _keep_outputs(new, old)
     nbformat.write(new, dst)
     return True
+
+
+def _keep_outputs(new, old) -> None:
+    """Give each unchanged code cell of ``new`` the outputs it had in ``old`` (matched in order by
+    source and tags), so editing one cell does not wipe the notebook's executed outputs."""
+    pool = [c for c in old.cells if c.cell_type == "code"]
+    for cell in new.cells:
+        if cell.cell_type != "code":
+            continue
+        key = (cell.source.strip(), tuple(cell.metadata.get("tags", [])))
+        for k, prev in enumerate(pool):
+            if (prev.source.strip(), tuple(prev.metadata.get("tags", []))) == key:
+                cell.outputs, cell.execution_count = prev.outputs, prev.execution_count
+                del pool[: k + 1]
+                break
 
 
 def main(argv=None) -> int:

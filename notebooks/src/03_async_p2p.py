@@ -136,7 +136,10 @@ print(f"labutils rank processes still alive: {len(p2p.leftover_ranks())}")
 
 # %% [markdown]
 # **Why it can hang, and when it does not.** Read the verdicts above for what happened here; this is
-# the mechanism.
+# the mechanism. (On the reference machine, torch 2.11 with NCCL 2.28.9 on 2×H200, the exchange did
+# not sit in a silent hang: both runs crashed inside `irecv`, the NCCL watchdog reporting an illegal
+# memory access and aborting rank 0 within seconds. A hang or a crash, the program never completes;
+# either way labutils hands control back, names the rank, and leaves no process behind.)
 # * NCCL's `ncclSend`/`ncclRecv` are each a GPU kernel, and the NCCL documentation says: *"This
 #   operation is blocking for the GPU. If multiple ncclSend() and ncclRecv() operations need to
 #   progress concurrently to complete, they must be fused within a ncclGroupStart()/ncclGroupEnd()

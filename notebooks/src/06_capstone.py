@@ -251,20 +251,22 @@ check.predict_step_comm_ms(predict_step_comm_ms)
 predict = check.usable(predict_step_comm_ms, "predict_step_comm_ms")
 COMPARE = []  # (label, predicted ms per step, measured ms per step)
 for lab, m in SUMMARIES.items():
-    print(f"lab {lab}: {'op':<28}{'collective':<15}{'size':>10}{'x/step':>7}{'pred us':>10}{'meas us':>10}"
+    width = max(len(op["what"]) for op in m.data["ops"]) + 2  # the descriptions are long
+    print(f"lab {lab}:")
+    print(f"  {'op':<{width}}{'collective':<15}{'size':>10}{'x/step':>7}{'pred us':>10}{'meas us':>10}"
           f"{'pred/meas':>10}{'share of step':>15}")
     pred_total = meas_total = 0.0
     for op in m.data["ops"]:
         coll = bandwidth.canonical_op(op["op"])
         if op["world_size"] != N or coll not in FITS:
             why = f"it ran on {op['world_size']} ranks, the sweep on {N}" if coll in FITS else "no fit for it"
-            print(f"        {op['what']:<28}{coll:<15} not predicted: {why}")
+            print(f"  {op['what']:<{width}}{coll:<15} not predicted: {why}")
             continue
         pred = predict(FITS, [{**op, "op": coll}])
         meas = op["measured_ms"] * op["count_per_step"]
         pred_total, meas_total = pred_total + pred, meas_total + meas
         COMPARE.append((f"{lab}: {op['what']}", pred, meas))
-        print(f"        {op['what']:<28}{coll:<15}{format_size(op['size_bytes']):>10}{op['count_per_step']:>7}"
+        print(f"  {op['what']:<{width}}{coll:<15}{format_size(op['size_bytes']):>10}{op['count_per_step']:>7}"
               f"{pred / op['count_per_step'] * 1e3:10.1f}{op['measured_ms'] * 1e3:10.1f}{pred / meas:10.2f}"
               f"{meas / op['step_ms']:15.0%}")
     if meas_total:

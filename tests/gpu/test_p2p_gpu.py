@@ -56,7 +56,9 @@ def test_source_order_on_nccl_is_stopped_at_the_timeout(no_leaks):
 def test_wait_orders_the_stream_not_the_host(no_leaks):
     d = labutils.launch(overlap.wait_semantics_nccl, backend="nccl", world_size=2, output="quiet")[1]
     assert d["wait_ms"] < d["sync_ms"]  # the host left wait() before the data was there
-    assert d["early_read_stale"] and d["after_wait_ok"] and d["other_stream_stale"]
+    assert d["early_read_stale"] and d["after_wait_ok"]
+    # d["other_stream_stale"] is a race (the data may already be there when the side stream
+    # runs), so it is reported by the lab, not asserted.
     assert 0.0 <= d["send_race_fraction"] <= 1.0
 
 
