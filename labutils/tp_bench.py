@@ -4,7 +4,8 @@ Every function has the rank-function signature ``fn(rank, world_size, ...)`` and
 JSON-able data, so a notebook cell is ``labutils.launch(tp_bench.fn, ...)`` inside
 ``recorded.live_or_recorded``. Under gloo the same functions run on CPU tensors with small
 sizes (``tests/test_tensor_parallel.py`` does that); timings use ``labutils.timing`` (CUDA
-events, warm-ups, medians, the slowest rank).
+events, warm-ups, medians, the slowest rank). The correctness checks (``verify_mlp``,
+``uneven_list_gather``) are in ``labutils.tp_check`` and re-exported here.
 """
 from __future__ import annotations
 
@@ -18,60 +19,18 @@ import torch.distributed as dist
 from torch import nn
 
 from . import bandwidth, timing, tp_comm
-from .tensor_parallel import TensorParallelMLP, reference_mlp, shard
+from .tensor_parallel import TensorParallelMLP
+from .tp_check import DTYPES, _device, uneven_list_gather
+from .tp_check import verify_mlp  # noqa: F401 - re-exported for the labs
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 SWEEP_OPS = ("all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
 # ----------------------------------------------------------------------------- rank helpers
-def _device() -> torch.device:
-    """The tensors' device for this group: this rank's GPU under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _max_over_ranks(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
-
-
-def _close(got: torch.Tensor, expected: torch.Tensor) -> str:
-    try:
-        torch.testing.assert_close(got.detach(), expected.detach())
-        return "assert_close OK"
-    except AssertionError as exc:
-        return " ".join(str(exc).split("\n")[:3])
-
-
-# ----------------------------------------------------------------------------- correctness
-def verify_mlp(rank: int, world_size: int, hidden: int = 64, ffn_hidden: int | None = None,
-               tokens: int = 8, dtype: str = "float64", seed: int = 0) -> dict[str, str]:
-    """Compare TensorParallelMLP with the one-device ``nn.Sequential`` it was sharded from:
-    forward output and every gradient (input, both weights, both biases), with
-    ``torch.testing.assert_close`` (float64 by default, so rounding noise cannot hide a bug).
-
-    Returns:
-        ``{quantity: "assert_close OK" | mismatch message}`` for this rank.
-    """
-    dev, dt = _device(), DTYPES[dtype]
-    ref = reference_mlp(hidden, ffn_hidden, seed=seed, device=dev, dtype=dt)
-    tp = TensorParallelMLP.from_sequential(ref)
-    gen = torch.Generator().manual_seed(seed + 1)  # same x and dL/dZ on every rank and machine
-    x = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
-    dz = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
-    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
-    z_ref, z_tp = ref(x_ref), tp(x_tp)
-    z_ref.backward(dz)
-    z_tp.backward(dz)
-    pairs = {"forward output Z": (z_tp, z_ref), "grad of input X": (x_tp.grad, x_ref.grad),
-             "grad of A (column shard)": (tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
-             "grad of bias of A": (tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
-             "grad of B (row shard)": (tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
-             "grad of bias of B": (tp.down.bias.grad, ref[2].bias.grad)}
-    return {name: _close(got, exp) for name, (got, exp) in pairs.items()}
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -214,26 +173,6 @@ def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat:
 
 
 # ----------------------------------------------------------------------------- partitions
-def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 1000) -> dict:
-    """``dist.all_gather`` into a list whose tensors have *different* sizes (torch.tensor_split
-    of ``rows``), on the default backend and on a gloo group. Returns per backend "works" or the
-    error, e.g. gloo's ``invalid tensor size``; NCCL turns it into one broadcast per rank."""
-    result = {}
-    groups = [(dist.get_backend(), None, _device())]
-    if dist.get_backend() != "gloo":
-        groups.append(("gloo", dist.new_group(backend="gloo"), torch.device("cpu")))
-    for name, group, dev in groups:
-        full = torch.arange(rows * cols, dtype=torch.float32, device=dev).reshape(rows, cols)
-        parts = torch.tensor_split(full, world_size)
-        outs = [torch.empty_like(p) for p in parts]
-        try:
-            dist.all_gather(outs, parts[rank].clone(), group=group)
-            result[name] = f"works, gathered == original: {torch.equal(torch.cat(outs), full)}"
-        except RuntimeError as exc:
-            result[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    return result
-
-
 def _phase_times(phases, steps: int, warmup: int, dev) -> list[float]:
     """Median ms of each phase over ``steps`` back-to-back steps (events between phases)."""
     for _ in range(warmup):
@@ -294,6 +233,7 @@ def partitions(rank: int, world_size: int, factors: list[float], **imbalance_kw)
     """Section 4 in one launch: ``uneven_list_gather`` and ``imbalance_sweep(factors)``."""
     return {"uneven_list": uneven_list_gather(rank, world_size),
             "imbalance": imbalance_sweep(rank, world_size, factors, **imbalance_kw)}
+
 
 # ----------------------------------------------------------------------------- the TP MLP
 def _mlp_steps(model: nn.Module, x: torch.Tensor, dz: torch.Tensor):

@@ -1,0 +1,49 @@
+"""Lab 03's ring all-gather against NCCL's, timed the nccl-tests way, inside launched ranks.
+
+``ring_vs_collective`` has the ``fn(rank, world_size, ...)`` form of ``labutils.launch`` and runs
+on gloo (CPU tensors) and NCCL (one GPU per rank)::
+
+    import labutils
+    from labutils import p2p, p2p_bench    # ring_vs_collective is in labutils.p2p as well
+    d = labutils.launch(p2p_bench.ring_vs_collective, p2p.ring_all_gather, [2**20, 2**26])[0]
+    print(d["ring_busbw_gbps"], d["collective_busbw_gbps"], d["ring_correct"])
+"""
+from __future__ import annotations
+
+import torch
+
+from . import bandwidth, timing
+from .compat import all_gather_into_tensor as all_gather_tensor
+
+
+def ring_vs_collective(rank: int, world_size: int, ring_fn, sizes_bytes: list[int],
+                       warmup: int = 3, iters: int = 10, repeat: int = 5) -> dict:
+    """Time ``ring_fn(output, input)`` and ``all_gather_into_tensor`` on the same buffers.
+
+    ``sizes_bytes`` are nccl-tests' all_gather sizes: the *gathered* float32 output. Times are the
+    slowest rank's (``timing.benchmark_collective``); busbw = algbw x (n - 1) / n.
+
+    Returns:
+        ``{"size_bytes", "ring_ms", "collective_ms", "ring_busbw_gbps", "collective_busbw_gbps",
+        "ring_correct", "world_size"}`` (lists in size order).
+    """
+    from .p2p import rank_device  # here: p2p imports this module
+    dev, n = rank_device(), world_size
+    out = {k: [] for k in ("size_bytes", "ring_ms", "collective_ms", "ring_busbw_gbps",
+                           "collective_busbw_gbps")}
+    correct = True
+    for size in sizes_bytes:
+        numel = max(1, size // (4 * n))
+        inp = torch.full((numel,), float(rank), device=dev)
+        got, ref = torch.empty(n * numel, device=dev), torch.empty(n * numel, device=dev)
+        t_ring = timing.benchmark_collective(lambda: ring_fn(got, inp), warmup=warmup, iters=iters,
+                                             repeat=repeat)
+        t_coll = timing.benchmark_collective(lambda: all_gather_tensor(ref, inp), warmup=warmup,
+                                             iters=iters, repeat=repeat)
+        correct &= torch.equal(got.cpu(), ref.cpu())
+        s = 4 * n * numel
+        out["size_bytes"].append(s)
+        for key, t in (("ring", t_ring), ("collective", t_coll)):
+            out[f"{key}_ms"].append(t.median_ms)
+            out[f"{key}_busbw_gbps"].append(bandwidth.busbw_gbps("all_gather", s, t.median_ms, n))
+    return {**out, "ring_correct": correct, "world_size": n}
