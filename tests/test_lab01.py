@@ -282,15 +282,17 @@ def test_all_reduce_checker():
     check.all_reduce(solutions.all_reduce_from_reduce_add)
     check.all_reduce(_stub)
     check.all_reduce(solutions.all_reduce_from_reduce_add, cudacomm.cpu_standin(4))
+    # The checker's verdicts, on the CPU stand-in (whose `comm` also offers all_reduce), so that
+    # they are tested the same way on every machine.
+    standin = cudacomm.cpu_standin(2)
     with pytest.raises(ExerciseError, match="through the `comm` argument"):
-        # the right sum, made without `comm` (device-safe on GPUs too)
-        check.all_reduce(lambda ts, comm: [sum(x.to(t.device) for x in ts) for t in ts])
+        check.all_reduce(lambda ts, comm: [sum(x.to(t.device) for x in ts) for t in ts], standin)
     with pytest.raises(ExerciseError, match="built-in all_reduce"):
-        check.all_reduce(lambda ts, comm: (comm.all_reduce(ts), ts)[1])
+        check.all_reduce(lambda ts, comm: (comm.all_reduce(ts), ts)[1], standin)
     with pytest.raises(ExerciseError, match="not the sum"):
-        check.all_reduce(lambda ts, comm: list(comm.broadcast(comm.reduce_add(ts) * 2, [0, 1])))
+        check.all_reduce(lambda ts, comm: list(comm.broadcast(comm.reduce_add(ts) * 2, [0, 1])), standin)
     with pytest.raises(ExerciseError, match="not a list"):
-        check.all_reduce(lambda ts, comm: comm.reduce_add(ts))
+        check.all_reduce(lambda ts, comm: comm.reduce_add(ts), standin)
 
 
 def test_broadcast_many_checker():

@@ -74,7 +74,8 @@ def test_profiled_kernels_show_nccl_and_peer_copies(setup):
 
 @needs_gpus(2)
 def test_measurements_return_data_the_analysis_can_read(setup, tmp_path):
-    sweep = bench.sweep(setup, [1 << 12, 1 << 16, 1 << 20, 1 << 24])
+    # up to 256 MiB: with smaller sizes a loaded machine (pytest -n 10) can hide the slope
+    sweep = bench.sweep(setup, [1 << 12, 1 << 20, 1 << 24, 1 << 28])
     assert all(t > 0 for d in sweep["ops"].values() for t in d["median_ms"])
     fit = analysis.fits(sweep)["comm.broadcast"]
     assert fit.alpha_us >= 0 and fit.beta_gbps > 0
