@@ -6,6 +6,8 @@ Public API::
     labutils.RankPool(world_size=None, backend=None, timeout=...)          # persistent ranks
     labutils.RankError, labutils.RankTimeout, labutils.LaunchConfigError
     labutils.timing, labutils.bandwidth, labutils.hw, labutils.plots, labutils.recorded
+    labutils.debugging (reading NCCL_DEBUG logs, flight records), labutils.compat (torch name changes)
+    python -m labutils hw | run-labs | bench
 
 In IPython, ``%load_ext labutils`` adds the ``%ranks`` / ``%%ranks`` magics.
 """

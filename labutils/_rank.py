@@ -222,15 +222,6 @@ def dump_result(path: str, status: str, payload) -> None:
                       f"{exc.strerror}") from exc
 
 
-def extend_sys_path(path: str) -> None:
-    """Append the entries of a JSON list of ``sys.path`` entries that we lack (older payloads; the
-    current one carries the caller's ``sys.path`` itself, see ``main``)."""
-    import json
-    if os.path.exists(path):
-        with open(path) as f:
-            sys.path.extend(p for p in json.load(f) if p not in sys.path)
-
-
 def _wait_for_release(run_dir: str) -> None:
     """Block until the caller says every rank has a result (or the caller goes away)."""
     release, delay = os.path.join(run_dir, "release"), 0.002
