@@ -30,6 +30,7 @@ import socket
 import time
 
 from . import bandwidth, timing
+from .config import rank_device
 from .bench_config import (DTYPES, FORMS, REDUCING, ROOTED, BenchConfig, _fill, _need_bytes, _reduce_tiles,
                            _tile, count_wrong, layout)
 from .bench_config import (  # noqa: F401 - re-exported for the labs
@@ -161,13 +162,6 @@ def check_case(case: Case, repeats: int = 1, group=None) -> int:
     return wrong
 
 
-def _device():
-    import torch
-    import torch.distributed as dist
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
-
-
 def check_one(rank: int, world_size: int, collective: str, size_bytes: int, run=None, *,
               placement: str | None = None, datatype: str = "float", redop: str = "sum", root: int = 0) -> int:
     """Check one implementation of ``collective`` at one size (every rank calls it).
@@ -182,7 +176,7 @@ def check_one(rank: int, world_size: int, collective: str, size_bytes: int, run=
     coll = bandwidth.canonical_op(collective)
     cfg = BenchConfig(datatype=datatype, redop=redop, root=root, collectives=(coll,))
     lay = layout(coll, size_bytes, cfg.itemsize, world_size)
-    bufs = Buffers(coll, lay, getattr(torch, DTYPES[cfg.datatype][0]), _device())
+    bufs = Buffers(coll, lay, getattr(torch, DTYPES[cfg.datatype][0]), rank_device())
     return check_case(bufs.case(lay, placement or FORMS[coll][0], rank, world_size, redop, root, run))
 
 
@@ -259,7 +253,7 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
     import torch.distributed as dist
     cfg = config if isinstance(config, BenchConfig) else BenchConfig(**config)
     t0 = time.perf_counter()
-    backend, device = dist.get_backend(), _device()
+    backend, device = dist.get_backend(), rank_device()
     dtype = getattr(torch, DTYPES[cfg.datatype][0])
     if cfg.root >= world_size:
         raise ValueError(f"root {cfg.root} is not a rank of {world_size}. HINT: -r 0 .. {world_size - 1}.")

@@ -38,6 +38,15 @@ class LaunchConfig:
         return f"labutils: {self.world_size} ranks, backend {self.backend} ({self.reason})"
 
 
+def rank_device():
+    """Inside a rank: the device its tensors live on -- ``cuda:<current>`` under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gpu_count() -> int:
     """Number of CUDA GPUs torch can see (0 without CUDA). Does not create a CUDA context."""
     import torch

@@ -38,9 +38,7 @@ def time_on_devices(fn: Callable[[], object], setup: CommSetup, *, warmup: int =
     """Time one call of ``fn`` (ms) across ``setup.devices``: per sample, ``iters`` calls between
     an event pair on every device; the sample is the slowest device's time / iters. On the CPU
     stand-in: ``timing.benchmark`` (perf_counter)."""
-    for name, v in (("warmup", warmup), ("iters", iters), ("repeat", repeat)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
-            raise ValueError(f"{name} must be an int >= {0 if name == 'warmup' else 1}, got {v!r}.")
+    timing.check_counts(warmup=warmup, iters=iters, repeat=repeat)
     if not setup.on_gpu:
         return timing.benchmark(fn, warmup=warmup, repeat=repeat, inner=iters, device="cpu")
     for _ in range(warmup):

@@ -22,7 +22,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .p2p import rank_device
+from . import timing
+from .config import rank_device
 
 MAX_REPEATS = 64  # cap on k, the compute kernel's repeats (tiny CPU kernels would ask for thousands)
 
@@ -238,9 +239,7 @@ def measure_overlap(compute: Callable[[], object], transfer: Callable[[], list],
             clock.sync()
             if i >= warmup:
                 mine.append(clock.ms(*marks["total"]))
-        t = torch.tensor(mine, dtype=torch.float64, device=rank_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # slowest rank, sample by sample
-        result[f"{mode}_ms"] = statistics.median(t.cpu().tolist())
+        result[f"{mode}_ms"] = statistics.median(timing.slowest_rank(mine, group=group))
         if mode in ("serial", "overlapped"):
             name = "back to back" if mode == "serial" else "overlapped"
             t0 = marks["total"][0]

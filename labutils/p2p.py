@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .compat import all_gather_into_tensor as all_gather_tensor  # noqa: F401 - used by the lab
+from .config import rank_device  # noqa: F401 - used by the lab and its checkers
 from .p2p_bench import ring_vs_collective  # noqa: F401 - re-exported for the labs
 from .p2p_hang import (  # noqa: F401 - re-exported for the labs
     StepLog, describe_steps, hang_demo, hang_verdict, leftover_ranks, read_steps, source_exchange_traced,
@@ -36,13 +37,6 @@ from .p2p_hang import (  # noqa: F401 - re-exported for the labs
 
 SOURCE_ROWS = SOURCE_COLS = 1000  # torch.randn(1000, 1000) in the source
 SEED = 0
-
-
-def rank_device() -> torch.device:
-    """The device a rank's tensors live on: its GPU under NCCL, the CPU under gloo."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def chunk_rows(n_rows: int, world_size: int) -> list[int]:

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import timing
+from .config import rank_device
 from .pipeline import SpanTimer, bubble_fraction, bubble_from_spans, gpipe_step, partition
 from .pipeline_check import available_schedules, make_schedule, run_schedule
 from .pipeline_check import (  # noqa: F401 - re-exported for the labs
@@ -63,13 +64,6 @@ def make_batch(rows: int, hidden: int, *, seed: int = 1000, device="cpu", dtype=
     """(x, target), both ``rows x hidden``, drawn on ``device`` from a seeded generator."""
     g = torch.Generator(device=device).manual_seed(seed)
     return tuple(torch.randn(rows, hidden, generator=g, device=device, dtype=dtype) for _ in range(2))
-
-
-def rank_device() -> torch.device:
-    """``cuda:<current>`` under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 # ---------------------------------------------------------------- measurements

@@ -76,7 +76,8 @@ def summarize(samples_ms: Sequence[float]) -> Timing:
     return Timing(tuple(xs), statistics.median(s), s[0], s[-1], _quantile(s, 0.1), _quantile(s, 0.9))
 
 
-def _check_counts(**counts: int) -> None:
+def check_counts(**counts: int) -> None:
+    """Raise ValueError unless each count is an int >= 1 (``warmup`` may be 0)."""
     for name, v in counts.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
             lim = 0 if name == "warmup" else 1
@@ -107,7 +108,7 @@ def benchmark(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, in
         Timing of one call of ``fn``, in ms.
     """
     import torch
-    _check_counts(warmup=warmup, repeat=repeat, inner=inner)
+    check_counts(warmup=warmup, repeat=repeat, inner=inner)
     dev = _device_of(device)
     for _ in range(warmup):
         fn()
@@ -150,7 +151,7 @@ def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: in
     """
     import torch
     import torch.distributed as dist
-    _check_counts(warmup=warmup, iters=iters, repeat=repeat)
+    check_counts(warmup=warmup, iters=iters, repeat=repeat)
     on_gpu = dist.get_backend(group) == "nccl"
     for _ in range(warmup):
         op()
@@ -177,7 +178,15 @@ def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: in
                 if work is not None and hasattr(work, "wait"):
                     work.wait()
             mine.append((time.perf_counter() - t0) * 1e3 / iters)
-    dev = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    t = torch.tensor(mine, dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # slowest rank, sample by sample
-    return summarize(t.cpu().tolist())
+    return summarize(slowest_rank(mine, group=group))
+
+
+def slowest_rank(samples_ms, group=None) -> list[float]:
+    """Sample by sample, the largest value over the ranks of ``group`` (every rank must call it):
+    a collective is done only when its last rank is. Returns the same list on every rank."""
+    import torch
+    import torch.distributed as dist
+    from .config import rank_device
+    t = torch.tensor(list(samples_ms), dtype=torch.float64, device=rank_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.cpu().tolist()

@@ -20,19 +20,14 @@ from torch import nn
 
 from . import bandwidth, timing, tp_comm
 from .tensor_parallel import TensorParallelMLP
-from .tp_check import DTYPES, _device, uneven_list_gather
+from .config import rank_device
+from .tp_check import DTYPES, uneven_list_gather
 from .tp_check import verify_mlp  # noqa: F401 - re-exported for the labs
 
 SWEEP_OPS = ("all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
 # ----------------------------------------------------------------------------- rank helpers
-def _max_over_ranks(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
 # ----------------------------------------------------------------------------- collectives
 def _collective(op: str, size_bytes: int, n: int, dev, dt):
     """(S in nccl-tests' convention, a zero-argument call issuing ``op`` once)."""
@@ -62,7 +57,7 @@ def collective_sweep(rank: int, world_size: int, sizes_bytes: list[int], ops=SWE
         ``{"world_size", "dtype", "ops": {op: {"size_bytes", "time_ms", "p10_ms", "p90_ms",
         "algbw_gbps", "busbw_gbps"}}}``; sizes as nccl-tests' S (see ``labutils.bandwidth``).
     """
-    dev, dt = _device(), DTYPES[dtype]
+    dev, dt = rank_device(), DTYPES[dtype]
     result = {"world_size": world_size, "dtype": dtype, "ops": {}}
     for op in ops:
         cols = {k: [] for k in ("size_bytes", "time_ms", "p10_ms", "p90_ms", "algbw_gbps", "busbw_gbps")}
@@ -115,7 +110,7 @@ def _sync(dev) -> None:
 
 def link_bytes_per_call(call, iters: int) -> float | None:
     """NVLink bytes (all GPUs) per call of ``call``, read by rank 0 around ``iters`` calls."""
-    dev = _device()
+    dev = rank_device()
     _sync(dev)
     dist.barrier()
     before = nvlink_tx_bytes() if dist.get_rank() == 0 else None
@@ -140,7 +135,7 @@ def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat:
         ``{"rows": [{size_bytes, tensor_ms, object_ms, pickle_ms, unpickle_ms, pickled_bytes,
         received_devices}], "link": {...}}``; times are the slowest rank's medians.
     """
-    dev = _device()
+    dev = rank_device()
     rows, link = [], {}
     for size in sizes_bytes:
         t = torch.zeros(size // 4, dtype=torch.float32, device=dev)
@@ -158,7 +153,7 @@ def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat:
             pickle.loads(blob)
             dumps.append((t1 - t0) * 1e3)
             loads.append((time.perf_counter() - t1) * 1e3)
-        times = _max_over_ranks([statistics.median(dumps), statistics.median(loads)])
+        times = timing.slowest_rank([statistics.median(dumps), statistics.median(loads)])
         rows.append({"size_bytes": t.numel() * 4, "tensor_ms": t_tensor.median_ms,
                      "object_ms": t_object.median_ms, "pickle_ms": times[0], "unpickle_ms": times[1],
                      "pickled_bytes": len(blob),
@@ -207,7 +202,7 @@ def imbalance_sweep(rank: int, world_size: int, factors: list[float], rows: int 
     a compute-heavy step with a small output), rank 0 with ``k`` x the rows of the others, then all
     ranks all-gather the (padded) results. Returns per k every rank's median compute, all_gather and
     step time (ms): the fast ranks' "communication" time grows by exactly their idle time."""
-    dev, dt = _device(), DTYPES[dtype]
+    dev, dt = rank_device(), DTYPES[dtype]
     w = torch.randn(cols, out_cols, device=dev, dtype=dt) / math.sqrt(cols)
     out = {"world_size": world_size, "rows": rows, "cols": cols, "out_cols": out_cols, "factors": [],
            "compute_ms": [], "all_gather_ms": [], "step_ms": []}
@@ -252,7 +247,7 @@ def _mlp_steps(model: nn.Module, x: torch.Tensor, dz: torch.Tensor):
 def _calls_for(step, target_ms: float, dev) -> int:
     """Calls per timed sample so that one sample lasts about ``target_ms`` (same on all ranks)."""
     est = timing.benchmark(step, warmup=2, repeat=3, device=dev).median_ms
-    return int(_max_over_ranks([min(50, max(1, math.ceil(target_ms / max(est, 1e-3))))])[0])
+    return int(timing.slowest_rank([min(50, max(1, math.ceil(target_ms / max(est, 1e-3))))])[0])
 
 
 def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4096,
@@ -269,7 +264,7 @@ def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4
         One dict per h with ``one_gpu_fwd_ms, one_gpu_train_ms, tp_fwd_ms, tp_train_ms,
         allreduce_fwd_ms, allreduce_train_ms, allreduce_bytes`` (ms are medians).
     """
-    dev, dt = _device(), DTYPES[dtype]
+    dev, dt = rank_device(), DTYPES[dtype]
     rows = []
     for h in hiddens:
         f = ffn_mult * h
@@ -294,7 +289,7 @@ def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4
             timer.enabled = False
             per_op = [ms for v in timer.times_ms().values() for ms in v]
             timer.reset()
-            row[f"allreduce_{name}_ms"] = _max_over_ranks([statistics.median(per_op) if per_op else 0.0])[0]
+            row[f"allreduce_{name}_ms"] = timing.slowest_rank([statistics.median(per_op) if per_op else 0.0])[0]
         del mlp
         rows.append(row)
     return rows

@@ -11,23 +11,17 @@ what a notebook's checked cell prints::
 
 ``verify_mlp``: TensorParallelMLP against the one-device MLP it was sharded from (forward output
 and every gradient). ``uneven_list_gather``: ``dist.all_gather`` into tensors of different sizes.
-``DTYPES`` and ``_device`` are shared with the measurements in ``tp_bench``.
+``DTYPES`` is shared with the measurements in ``tp_bench``.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from .config import rank_device
 from .tensor_parallel import TensorParallelMLP, reference_mlp, shard
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-
-
-def _device() -> torch.device:
-    """The tensors' device for this group: this rank's GPU under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> str:
@@ -47,7 +41,7 @@ def verify_mlp(rank: int, world_size: int, hidden: int = 64, ffn_hidden: int | N
     Returns:
         ``{quantity: "assert_close OK" | mismatch message}`` for this rank.
     """
-    dev, dt = _device(), DTYPES[dtype]
+    dev, dt = rank_device(), DTYPES[dtype]
     ref = reference_mlp(hidden, ffn_hidden, seed=seed, device=dev, dtype=dt)
     tp = TensorParallelMLP.from_sequential(ref)
     gen = torch.Generator().manual_seed(seed + 1)  # same x and dL/dZ on every rank and machine
@@ -70,7 +64,7 @@ def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 
     of ``rows``), on the default backend and on a gloo group. Returns per backend "works" or the
     error, e.g. gloo's ``invalid tensor size``; NCCL turns it into one broadcast per rank."""
     result = {}
-    groups = [(dist.get_backend(), None, _device())]
+    groups = [(dist.get_backend(), None, rank_device())]
     if dist.get_backend() != "gloo":
         groups.append(("gloo", dist.new_group(backend="gloo"), torch.device("cpu")))
     for name, group, dev in groups:
