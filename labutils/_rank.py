@@ -171,6 +171,12 @@ def init_distributed(rank: int, world_size: int, backend: str, port: int, timeou
             kw["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s), **kw)
+    # Start the user's function only once *every* rank is through init: gloo's init returns on a
+    # rank while its peers may still be connecting, so a rank that failed at once could break their
+    # init ("connectFullMesh failed") and the error would blame the wrong rank. Done through the store,
+    # not a collective, so a lazy NCCL communicator stays lazy.
+    store.set(f"labutils/init_done/{rank}", "1")
+    store.wait([f"labutils/init_done/{r}" for r in range(world_size)], timedelta(seconds=timeout_s))
     return store
 
 
