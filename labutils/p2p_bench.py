@@ -47,3 +47,39 @@ def ring_vs_collective(rank: int, world_size: int, ring_fn, sizes_bytes: list[in
             out[f"{key}_ms"].append(t.median_ms)
             out[f"{key}_busbw_gbps"].append(bandwidth.busbw_gbps("all_gather", s, t.median_ms, n))
     return {**out, "ring_correct": correct, "world_size": n}
+
+
+def library_verdict(result: dict, tie: float = 0.05) -> str:
+    """The verdict on the source's "use an efficient library such as NCCL", from a measurement.
+
+    Args:
+        result: ``ring_vs_collective``'s dict (live or recorded).
+        tie: relative busbw difference under which the two count as equal (0.05 = 5%, about the
+            spread of repeated medians on one machine).
+
+    Returns:
+        A markdown sentence: the verdict in bold, then the NCCL/ring busbw ratio at each size.
+        "True" when NCCL is faster at every size; "True below <size>" when it wins small sizes
+        and ties (within ``tie``) or loses at the largest; "No" when it never wins.
+    """
+    sizes, ring, coll = (result[k] for k in ("size_bytes", "ring_busbw_gbps", "collective_busbw_gbps"))
+    ratio = [c / r if r > 0 else float("inf") for c, r in zip(coll, ring)]
+    wins = [q > 1 + tie for q in ratio]
+    fmt = bandwidth.format_size
+    if all(wins):
+        head = "True"
+    elif not any(wins):
+        head = "No"
+    else:
+        first_not = next(i for i, w in enumerate(wins) if not w)
+        head = f"True below {fmt(sizes[first_not])}"
+    big = len(sizes) - 1
+    state = ("a tie" if abs(ratio[big] - 1) <= tie else
+             "NCCL ahead" if ratio[big] > 1 else "the ring ahead")
+    per_size = ", ".join(f"{q:.2f}× at {fmt(s)}" for q, s in zip(ratio, sizes))
+    text = (f"**{head}.** NCCL all_gather / hand-written ring busbw: {per_size}. "
+            f"At {fmt(sizes[big])}: {coll[big]:.1f} vs {ring[big]:.1f} GB/s, {state}.")
+    if result.get("world_size") == 2 and not wins[big]:
+        text += (" With 2 ranks a ring is one exchange, bound by the same link either way; the "
+                 "library earns its keep in latency (small sizes) and with more ranks.")
+    return text

@@ -169,12 +169,14 @@ def kill_tree(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
     """
     victims: list[psutil.Process] = []
     for p in procs:
-        try:
-            ps = psutil.Process(p.pid)
-            victims += ps.children(recursive=True)
-            victims.append(ps)
-        except psutil.Error:
-            pass
+        # A reaped rank's pid may already belong to someone else: look up only unreaped ones.
+        if p.returncode is None:
+            try:
+                ps = psutil.Process(p.pid)
+                victims += ps.children(recursive=True)
+                victims.append(ps)
+            except psutil.Error:
+                pass
         # The rank's session group outlives the rank while a member remains (and Linux keeps its
         # id from being reused meanwhile). Once we have reaped the rank, a live process with its
         # pid is someone else (pid reuse): then the group is not ours to kill.

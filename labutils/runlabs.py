@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
+import traceback
 from pathlib import Path
 
 
@@ -61,17 +63,22 @@ def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     t0 = time.perf_counter()
+    detail = ""
     try:
         client.execute()
         status = "ok"
     except CellTimeoutError as exc:
         status = f"FAILED: cell timed out after {timeout_s:g} s ({str(exc).splitlines()[0][:80]})"
+        detail = str(exc)
     except CellExecutionError as exc:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
-        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
+        detail = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
+        last = [ln for ln in detail.splitlines() if ln.strip()][-1:]
         status = f"FAILED: {last[0][:120] if last else 'cell error'}"
     except Exception as exc:  # noqa: BLE001 - kernel died, etc.
         status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
+        detail = traceback.format_exc()
+    if detail:  # the table keeps one line; the whole story goes to stderr
+        print(f"--- {path.stem}: {status}\n{detail}", file=sys.stderr, flush=True)
     secs = time.perf_counter() - t0
     if inplace:
         nbformat.write(nb, path)

@@ -335,3 +335,21 @@ def test_checker_turns_a_deadlock_into_a_hint(no_leaks):
 def test_checker_wants_a_function():
     with pytest.raises(ExerciseError, match="expected a function"):
         check.ring_all_reduce(42, backend="gloo")
+
+
+@pytest.mark.parametrize("coll, head, state", [
+    ([40.0, 400.0], "**True.**", "NCCL ahead"),
+    ([40.0, 101.0], "**True below 1 GiB.**", "a tie"),
+    ([40.0, 80.0], "**True below 1 GiB.**", "the ring ahead"),
+    ([9.0, 80.0], "**No.**", "the ring ahead"),
+])
+def test_library_verdict_follows_the_measurement(coll, head, state):
+    from labutils import p2p_bench
+    d = {"size_bytes": [1 << 20, 1 << 30], "ring_busbw_gbps": [10.0, 100.0],
+         "collective_busbw_gbps": coll, "world_size": 4}
+    text = p2p_bench.library_verdict(d)
+    assert text.startswith(head) and text.rstrip(".").endswith(state), text
+    assert f"{coll[0] / 10:.2f}× at 1 MiB" in text
+    assert "2 ranks" not in text
+    # the 2-rank explanation appears exactly when NCCL does not win the largest size
+    assert ("With 2 ranks" in p2p_bench.library_verdict({**d, "world_size": 2})) == (state != "NCCL ahead")

@@ -34,8 +34,11 @@ def test_run_labs_executes_and_reports(tmp_path, capsys):
     _nb(tmp_path / "00_ok.ipynb", ["x = 1 + 1", "print(x)"])
     _nb(tmp_path / "01_bad.ipynb", ["raise ValueError('broken lab')"])
     rc = main(["run-labs", "--dir", str(tmp_path), "--inplace", "--timeout", "120"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert rc == 1
+    assert "--- 01_bad: FAILED" in captured.err and "raise ValueError('broken lab')" in captured.err
+    assert "00_ok" not in captured.err
     assert any(l.split()[:3] == ["00_ok", runlabs_mode(), "ok"] for l in out.splitlines())
     assert "01_bad" in out and "FAILED: ValueError: broken lab" in out
     assert nbformat.read(tmp_path / "00_ok.ipynb", 4).cells[1].outputs[0]["text"] == "2\n"

@@ -3,19 +3,21 @@
 # registry, and pack what must be committed into one tar file.
 #
 #   ../shared/tools/device-wheels.sh            # once, on a machine with pip: Jupyter/nbval wheels -> .whl/
-#   tools/gpu_session.sh [--labs "00 01"] [--no-labs] [--tests] [--bench] [--out DIR]
+#   tools/gpu_session.sh [--labs "00 01"] [--no-labs] [--single-gpu] [--tests] [--bench] [--out DIR]
 #
 # Installs .whl/*.whl into /tmp/site (offline), then:
 #   --labs   python -m labutils run-labs --inplace --record   (notebooks + notebooks/recorded/*.json)
+#   --single-gpu  every lab again with CUDA_VISIBLE_DEVICES=0 (the 1-GPU mode; nothing is saved)
 #   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks)
 #   --bench  the benchmark scripts whose recorded output lives in benchmarks/
 # and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs.
 set -uo pipefail
-labs="" run_labs=1 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}" cell_timeout=300
+labs="" run_labs=1 run_single=0 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}" cell_timeout=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --labs) labs="$2"; shift 2 ;;
     --no-labs) run_labs=0; shift ;;
+    --single-gpu) run_single=1; shift ;;
     --tests) run_tests=1; shift ;;
     --bench) run_bench=1; shift ;;
     --out) out="$2"; shift 2 ;;
@@ -37,6 +39,9 @@ rc=0
 if [ "$run_labs" = 1 ]; then
   # shellcheck disable=SC2086
   python3 -m labutils run-labs --inplace --record --timeout "$cell_timeout" $labs 2>&1 | tee "$out/run_labs.log" || rc=1
+fi
+if [ "$run_single" = 1 ]; then
+  CUDA_VISIBLE_DEVICES=0 python3 -m labutils run-labs --timeout "$cell_timeout" 2>&1 | tee "$out/single_gpu.log" || rc=1
 fi
 if [ "$run_bench" = 1 ] && [ -x benchmarks/run_all.sh ]; then
   benchmarks/run_all.sh 2>&1 | tee "$out/bench.log" || rc=1

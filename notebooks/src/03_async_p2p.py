@@ -21,7 +21,7 @@
 
 # %% tags=["nbval-ignore-output"]
 import labutils, torch, torch.distributed as dist
-from labutils import hw, recorded, timing, bandwidth, plots, p2p, overlap
+from labutils import hw, recorded, timing, bandwidth, plots, p2p, p2p_bench, overlap
 from labutils.checks import lab03 as check
 HW = hw.describe(); MODE = HW.mode
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"   # pass backend=BACKEND explicitly in checked cells
@@ -423,7 +423,6 @@ def grade(e):   # words for an overlap efficiency, as overlap.describe_efficienc
 mm_p2p, mm_ar, mm_copy = case("matmul", "send/recv"), case("matmul", "all_reduce"), case("matmul", "copy engine")
 works = src_nccl.data["status"] == "completed" and tuple(src_gloo[0]["shape"]) == (1000, 1000)
 host_free = wd["wait_ms"] < 0.1 * wd["sync_ms"]
-nccl_wins = rd["collective_busbw_gbps"][big] >= rd["ring_busbw_gbps"][big]
 rows = [
     ("The example program works (implied)",
      f"**{works}.** NCCL: {src_nccl.data['status']} ({src_nccl.data['message'].split('. HINT')[0]}); "
@@ -442,10 +441,7 @@ rows = [
      f"**{grade(mm_ar['efficiency'])} for NCCL all_reduce** (E = {mm_ar['efficiency']:+.2f} with a matmul)"
      + (f"; **{grade(mm_copy['efficiency']).lower()} for a copy-engine copy** (E = {mm_copy['efficiency']:+.2f})"
         if mm_copy else "") + "."),
-    ("Use an efficient library such as NCCL (source, 4.2)",
-     f"**{'True' if nccl_wins else 'Not at this size'}.** At {bandwidth.format_size(rd['size_bytes'][big])}: "
-     f"NCCL all_gather {rd['collective_busbw_gbps'][big]:.1f} GB/s vs a hand-written ring "
-     f"{rd['ring_busbw_gbps'][big]:.1f} GB/s bus bandwidth."),
+    ("Use an efficient library such as NCCL (source, 4.2)", p2p_bench.library_verdict(rd)),
 ]
 Markdown("| claim | verdict (measured) |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
          + f"\n\nMeasurements: {ov.label}.")
