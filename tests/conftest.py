@@ -1,8 +1,18 @@
 """Shared fixtures: GPU counts for skipping, and a guard that no rank process outlives a test."""
 from __future__ import annotations
 
+import signal
+
 import psutil
 import pytest
+
+
+def pytest_configure(config):
+    # A script's background job (`pytest &`, nohup) starts Python with SIGINT ignored, and then
+    # neither SIGINT nor _thread.interrupt_main() raises KeyboardInterrupt. The interrupt tests
+    # stand in for Jupyter's "interrupt kernel", and a Jupyter kernel always handles SIGINT.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _rank_children():
