@@ -15,7 +15,7 @@ import contextlib
 import math
 
 from ..errors import RankError, RankTimeout
-from . import ExerciseError, fail, passed
+from . import ExerciseError, fail, passed, say_not_attempted
 
 REFERENCE = "labutils.solutions.lab03"
 _FORBIDDEN = ("all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce",
@@ -132,8 +132,7 @@ def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, back
                f"{exc.remote_message or exc}", hints["error"])
     used = per_rank[0]["used_reference"]
     if used:
-        print("… exercise not attempted yet: checking the reference solution instead "
-              f"({REFERENCE}.{name}) so the notebook can continue.")
+        say_not_attempted(f"{REFERENCE}.{name}")
     for r, res in enumerate(per_rank):
         for case in res["cases"]:
             if case["untouched"]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import RankTimeout
 from ..solutions import lab04 as solution
-from . import check_close, fail, not_attempted, passed
+from . import check_close, fail, not_attempted, passed, say_not_attempted
 
 _GRID = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16, 32)]
 
@@ -35,8 +35,7 @@ def bubble_fraction(fn) -> None:
     try:
         fn(2, 8)
     except NotImplementedError:
-        print("… exercise not attempted yet: checking the reference solution "
-              "(labutils.solutions.lab04.bubble_fraction) so the notebook can continue.")
+        say_not_attempted(solution.bubble_fraction)
         fn = solution.bubble_fraction
     for p, m in _GRID:
         want = (p - 1) / (m + p - 1)
@@ -81,8 +80,7 @@ def gpipe_loop(fn, world_size: int = 3, ms=(1, 4), timeout: float = 120.0) -> No
              "r + 1 and receives from r - 1; in backward the other way; run every forward before the "
              "first backward")
     if any(r["not_attempted"] for r in results):
-        print("… exercise not attempted yet: checking the reference solution "
-              "(labutils.solutions.lab04.gpipe_step) so the notebook can continue.")
+        say_not_attempted(solution.gpipe_step)
     for m in ms:
         for rank, res in enumerate(results):
             if res[m]["output"] not in ("ok", None):
