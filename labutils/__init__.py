@@ -10,6 +10,10 @@ Public API::
     python -m labutils hw | run-labs | bench
 
 In IPython, ``%load_ext labutils`` adds the ``%ranks`` / ``%%ranks`` magics.
+
+Layout: the core is the modules at this level; ``pool/`` holds ``RankPool``, ``bench/`` the
+nccl-tests-style benchmark, ``commands/`` the CLI verbs, ``labs/labNN_topic/`` each lab's helpers,
+``checks/`` and ``solutions/`` the exercises' checkers and reference solutions.
 """
 from .errors import LaunchConfigError, RankError, RankTimeout
 from .launch import default_config, launch

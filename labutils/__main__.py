@@ -12,9 +12,9 @@ import sys
 
 # command -> (module, help); each module has add_arguments(parser) and run(args) -> int
 COMMANDS = {
-    "hw": ("labutils.cli_hw", "describe this machine (GPUs, links, versions, fingerprint)"),
-    "run-labs": ("labutils.runlabs", "execute the lab notebooks headless and print a summary"),
-    "bench": ("labutils.bench", "benchmark collectives like nccl-tests (table, CSV/JSON, plot)"),
+    "hw": ("labutils.commands.hw", "describe this machine (GPUs, links, versions, fingerprint)"),
+    "run-labs": ("labutils.commands.run_labs", "execute the lab notebooks headless and print a summary"),
+    "bench": ("labutils.commands.bench", "benchmark collectives like nccl-tests (table, CSV/JSON, plot)"),
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 
 from .errors import LaunchConfigError
 
@@ -36,6 +37,20 @@ class LaunchConfig:
     def describe(self) -> str:
         """One line for the notebook, e.g. ``2 ranks, backend nccl (one GPU per rank ...)``."""
         return f"labutils: {self.world_size} ranks, backend {self.backend} ({self.reason})"
+
+
+def under_torchrun(env=None) -> bool:
+    """True when this process is one rank of a job started by ``torchrun`` (or another ``env://``
+    launcher), rather than a labutils rank or a plain process.
+
+    torchrun sets ``TORCHELASTIC_RUN_ID``; other launchers at least the variables ``env://``
+    rendezvous needs (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). labutils' own ranks
+    set those too, and ``LABUTILS_RANK``, so they never count.
+    """
+    env = os.environ if env is None else env
+    if "LABUTILS_RANK" in env:
+        return False
+    return "TORCHELASTIC_RUN_ID" in env or {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} <= env.keys()
 
 
 def rank_device():

@@ -37,7 +37,7 @@ import cloudpickle
 
 from . import errors, procs
 from . import config as _config
-from .errors import LaunchConfigError, RankError, RankTimeout  # noqa: F401 - re-exported
+from .errors import LaunchConfigError
 
 _announced: set[str] = set()
 INIT_MODES = ("eager", "lazy", "none")
@@ -57,12 +57,6 @@ def default_config(world_size: int | None = None, backend: str | None = None,
     return cfg
 
 
-def _under_torchrun() -> bool:
-    env = os.environ
-    return "LABUTILS_RANK" not in env and ("TORCHELASTIC_RUN_ID" in env or
-                                           {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= env.keys())
-
-
 def _launch_in_process(fn, args, kwargs):
     """Inside torchrun: run this rank's share and gather every rank's result (rank order)."""
     import torch
@@ -77,14 +71,6 @@ def _launch_in_process(fn, args, kwargs):
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
-
-
-def _print_lines(lines: list[tuple[int, str]], grouped: bool) -> None:
-    if grouped:
-        lines = sorted(lines, key=lambda item: item[0])  # stable: keeps each rank's order
-    for rank, line in lines:
-        sys.stdout.write(f"[rank {rank}] {line if line.endswith(chr(10)) else line + chr(10)}")
-    sys.stdout.flush()
 
 
 class _Transcript:
@@ -106,7 +92,7 @@ class _Transcript:
         if len(self.head[rank]) < self.head_n:
             self.head[rank].append(line)
             if self.output == "live":
-                _print_lines([(rank, line)], False)
+                procs.print_rank_lines([(rank, line)], False)
         else:
             self.tail[rank].append(line)
 
@@ -134,7 +120,7 @@ class _Transcript:
                 out.append((r, f"... {omitted} lines not shown (labutils keeps the first "
                                f"{self.head_n} and the last {self.tail_n} of each rank) ..."))
             out += [(r, ln) for ln in self.tail[r]]
-        _print_lines(out, False)
+        procs.print_rank_lines(out, False)
 
 
 def _load_result(path: Path, rank: int):
@@ -218,7 +204,7 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
         raise LaunchConfigError(f"init must be one of {INIT_MODES}, got {init!r}.")
     if output not in ("grouped", "live", "quiet"):
         raise LaunchConfigError(f"output must be 'grouped', 'live' or 'quiet', got {output!r}.")
-    if _under_torchrun():
+    if _config.under_torchrun():
         return _launch_in_process(fn, args, kwargs)
     cfg = default_config(world_size, backend, verbose=backend is None)
     payload = _pickle_payload(fn, args, kwargs)

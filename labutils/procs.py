@@ -11,6 +11,8 @@
   ``kill_tree`` also reaches what a rank started, even after the rank itself is gone.
 * ``request_diagnostics`` asks live ranks where they are (and for their flight records) before a
   hang is torn down: that is what ``RankTimeout.where`` / ``.flight`` show.
+* ``print_rank_lines`` prints ranks' output with ``[rank r]`` prefixes; ``leftover_ranks`` finds
+  rank processes still alive below this one (a notebook's or a test's "nothing left behind" check).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from pathlib import Path
 
 import psutil
 
+
+# what a rank's command line contains: launch's ranks and RankPool's workers
+RANK_MODULES = ("labutils._rank", "labutils.pool.worker")
 
 # torch's own timeouts (process group, store) in the ranks are set this much longer than the
 # launch timeout, so that a hang always ends as labutils' RankTimeout (same text under gloo and
@@ -247,3 +252,42 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def print_rank_lines(lines: list[tuple[int, str]], grouped: bool) -> None:
+    """Print ``(rank, line)`` pairs as ``[rank r] line``; ``grouped`` sorts them by rank (stable,
+    so each rank's lines keep their order)."""
+    if grouped:
+        lines = sorted(lines, key=lambda item: item[0])
+    for rank, line in lines:
+        sys.stdout.write(f"[rank {rank}] {line if line.endswith(chr(10)) else line + chr(10)}")
+    sys.stdout.flush()
+
+
+def leftover_ranks(ignore=(), wait_s: float = 0.0) -> list[psutil.Process]:
+    """labutils rank processes (``launch``'s and ``RankPool``'s) still running below this process.
+
+    Args:
+        ignore: pids not to report (e.g. those alive before a test started).
+        wait_s: give processes that are exiting this long to finish first.
+
+    Returns:
+        The live ones (zombies -- exited, not yet reaped -- do not count); ``[]`` when nothing is
+        left behind.
+    """
+    def alive() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if (proc.pid not in ignore and proc.status() != psutil.STATUS_ZOMBIE
+                        and any(m in " ".join(proc.cmdline()) for m in RANK_MODULES)):
+                    found.append(proc)
+            except psutil.Error:  # exited while we looked
+                pass
+        return found
+
+    found = alive()
+    if found and wait_s > 0:
+        psutil.wait_procs(found, timeout=wait_s)
+        found = alive()
+    return found

@@ -7,11 +7,15 @@
   rank measures its own time; the reported sample is the **slowest rank's** (nccl-tests averages
   over ranks by default, ``-a 1``; we report ``-a 3``, the max, because a collective is done only
   when its last rank is done). Call it on every rank.
+* ``Clock(device)``: the one clock every timed region in labutils uses -- marks are CUDA events on
+  the device's current stream on a GPU, ``time.perf_counter`` on the CPU; ``SpanTimer`` records
+  named spans on several devices with it (for ``plots.timeline_plot``).
 
 Statistics are in ``summarize`` (pure; unit-tested without a GPU).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -84,12 +88,91 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be an int >= {lim}, got {v!r}.")
 
 
-def _device_of(device) -> "object":
-    import torch
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if (
-            torch.cuda.is_available() and torch.cuda.is_initialized()) else torch.device("cpu")
-    return torch.device(device)
+class Clock:
+    """Marks on one device's timeline: CUDA events on its current stream on a GPU, ``perf_counter``
+    on the CPU. Read a pair of marks only after ``synchronize()``::
+
+        clock = timing.Clock("cuda:0")        # or "cpu", a torch.device, or None (see below)
+        start = clock.mark(); work(); stop = clock.mark()
+        clock.synchronize()
+        clock.elapsed_ms(start, stop)
+
+    A GPU mark is recorded on the stream that is current *when ``mark()`` is called* (inside
+    ``with torch.cuda.stream(s)``: on ``s``), so it measures what that stream waited for.
+    ``device=None`` means the current CUDA device if CUDA is already in use, else the CPU.
+
+    Attributes:
+        device: the resolved ``torch.device`` (``cuda:<index>`` or ``cpu``).
+        on_gpu: True for a CUDA device.
+    """
+
+    def __init__(self, device=None):
+        import torch
+        if device is None:
+            in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+            device = torch.device("cuda", torch.cuda.current_device()) if in_use else torch.device("cpu")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device, self.on_gpu = device, device.type == "cuda"
+
+    def mark(self):
+        """Now, on this device's timeline."""
+        if not self.on_gpu:
+            return time.perf_counter()
+        import torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def synchronize(self) -> None:
+        """Wait until the device has reached every mark made so far (nothing to do on the CPU)."""
+        if self.on_gpu:
+            import torch
+            torch.cuda.synchronize(self.device)
+
+    def elapsed_ms(self, start, stop) -> float:
+        """Milliseconds from mark ``start`` to mark ``stop`` (after ``synchronize()`` on a GPU)."""
+        return start.elapsed_time(stop) if self.on_gpu else (stop - start) * 1e3
+
+
+class SpanTimer:
+    """Named spans of work on one or more devices, from a common zero, for ``plots.timeline_plot``.
+
+    ``begin(devices)`` sets time 0 on every device (call it after a synchronize / barrier, so that
+    the devices' zeros coincide); ``with timer.span(device, lane, kind, label): ...`` brackets work;
+    ``spans()`` synchronises and returns ``[{"lane", "kind", "label", "start_ms", "end_ms"}]``.
+    """
+
+    def __init__(self):
+        self._clocks: dict = {}
+        self._zero: dict = {}
+        self._marks: list = []
+
+    def _clock(self, device) -> Clock:
+        if device not in self._clocks:
+            self._clocks[device] = Clock(device)
+        return self._clocks[device]
+
+    def begin(self, devices) -> None:
+        self._marks = []
+        self._zero = {d: self._clock(d).mark() for d in devices}
+
+    @contextlib.contextmanager
+    def span(self, device, lane: str, kind: str, label: str):
+        clock = self._clock(device)
+        start = clock.mark()
+        yield
+        self._marks.append((device, lane, kind, label, start, clock.mark()))
+
+    def spans(self) -> list[dict]:
+        for d in self._zero:
+            self._clock(d).synchronize()
+
+        def ms(device, mark):
+            return self._clock(device).elapsed_ms(self._zero[device], mark)
+        return [{"lane": lane, "kind": kind, "label": label, "start_ms": ms(d, a), "end_ms": ms(d, b)}
+                for d, lane, kind, label, a, b in self._marks]
 
 
 def benchmark(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, inner: int = 1,
@@ -109,30 +192,20 @@ def benchmark(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, in
     """
     import torch
     check_counts(warmup=warmup, repeat=repeat, inner=inner)
-    dev = _device_of(device)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            torch.cuda.synchronize()
-            pairs = []
-            for _ in range(repeat):
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(inner):
-                    fn()
-                stop.record()
-                pairs.append((start, stop))
-            torch.cuda.synchronize()
-            samples = [a.elapsed_time(b) / inner for a, b in pairs]
-    else:
+    clock = Clock(device)
+    # on a GPU, fn's work goes to the clock's device, and so to the stream the events are on
+    with torch.cuda.device(clock.device) if clock.on_gpu else contextlib.nullcontext():
+        for _ in range(warmup):
+            fn()
+        clock.synchronize()
+        pairs = []
         for _ in range(repeat):
-            t0 = time.perf_counter()
+            start = clock.mark()
             for _ in range(inner):
                 fn()
-            samples.append((time.perf_counter() - t0) * 1e3 / inner)
-    return summarize(samples)
+            pairs.append((start, clock.mark()))
+        clock.synchronize()
+    return summarize([clock.elapsed_ms(a, b) / inner for a, b in pairs])
 
 
 def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: int = 20,
@@ -149,35 +222,24 @@ def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: in
     Returns:
         Timing of one call in ms, each sample being the **slowest rank's** time / iters.
     """
-    import torch
     import torch.distributed as dist
     check_counts(warmup=warmup, iters=iters, repeat=repeat)
-    on_gpu = dist.get_backend(group) == "nccl"
+    clock = Clock("cuda" if dist.get_backend(group) == "nccl" else "cpu")
     for _ in range(warmup):
         op()
     mine = []
     for _ in range(repeat):
-        if on_gpu:
-            torch.cuda.synchronize()
-            dist.barrier(group=group)
-            torch.cuda.synchronize()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                work = op()
-                if work is not None and hasattr(work, "wait"):
-                    work.wait()  # async_op=True: make the current stream wait for NCCL's
-            stop.record()
-            stop.synchronize()
-            mine.append(start.elapsed_time(stop) / iters)
-        else:
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                work = op()
-                if work is not None and hasattr(work, "wait"):
-                    work.wait()
-            mine.append((time.perf_counter() - t0) * 1e3 / iters)
+        clock.synchronize()
+        dist.barrier(group=group)
+        clock.synchronize()
+        start = clock.mark()
+        for _ in range(iters):
+            work = op()
+            if work is not None and hasattr(work, "wait"):
+                work.wait()  # async_op=True: make the current stream wait for NCCL's
+        stop = clock.mark()
+        clock.synchronize()
+        mine.append(clock.elapsed_ms(start, stop) / iters)
     return summarize(slowest_rank(mine, group=group))
 
 

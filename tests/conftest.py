@@ -6,6 +6,8 @@ import signal
 import psutil
 import pytest
 
+from labutils import procs
+
 
 def pytest_configure(config):
     # A script's background job (`pytest &`, nohup) starts Python with SIGINT ignored, and then
@@ -15,27 +17,20 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _rank_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "labutils" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.fixture
 def no_leaks():
     """Fail the test if it leaves labutils rank/worker processes behind."""
-    before = {p.pid for p in _rank_children()}
+    before = {p.pid for p in procs.leftover_ranks()}
     yield
-    left = [p for p in _rank_children() if p.pid not in before]
-    if left:
-        psutil.wait_procs(left, timeout=3)
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"leaked processes: {[p.cmdline() for p in left]}"
+    left = procs.leftover_ranks(ignore=before, wait_s=3.0)
+    assert not left, f"leaked processes: {[_cmdline(p) for p in left]}"
+
+
+def _cmdline(proc) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return f"pid {proc.pid}"
 
 
 def gpu_count() -> int:

@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import bandwidth, bench, bench_ops, bench_report
+from labutils import bandwidth
+from labutils.bench import config as bconfig, ops, report, sweep
+from labutils.commands import bench as bench_cli
 from labutils.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,13 +29,13 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.mark.parametrize("text, size", [("8", 8), ("1K", 1024), ("1k", 1024), ("64M", 64 * 2**20),
                                         ("1G", 2**30), ("1.5M", 3 * 2**19), ("4KiB", 4096), ("2KB", 2048)])
 def test_parse_size_binary_units(text, size):
-    assert bench.parse_size(text) == size
+    assert bench_cli.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "1X", "-1", "0", "K", "1.2.3", "0.5"])
 def test_parse_size_rejects_with_hint(text):
     with pytest.raises(argparse.ArgumentTypeError, match="HINT: bytes or a binary unit"):
-        bench.parse_size(text)
+        bench_cli.parse_size(text)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -60,17 +62,11 @@ def test_bad_arguments_are_usage_errors(argv, message, capsys):
 
 def test_collectives_accept_aliases_and_all():
     args = argparse.ArgumentParser()
-    bench.add_arguments(args)
+    bench_cli.add_arguments(args)
     ns = args.parse_args(["--collectives", "allreduce, all_gather_into_tensor,p2p", "-d", "bf16", "-o", "MAX"])
     assert ns.collectives == ("all_reduce", "all_gather", "send_recv")
     assert (ns.datatype, ns.op) == ("bfloat16", "max")
     assert args.parse_args(["--collectives", "all"]).collectives == bandwidth.OPS
-
-
-def test_under_torchrun_detection():
-    assert bench.under_torchrun({"RANK": "0", "WORLD_SIZE": "2"})
-    assert not bench.under_torchrun({"RANK": "0", "WORLD_SIZE": "2", "LABUTILS_RANK": "0"})  # our own ranks
-    assert not bench.under_torchrun({})
 
 
 # ---------------------------------------------------------------------------- sizes and iterations
@@ -86,20 +82,20 @@ def test_under_torchrun_detection():
 ])
 def test_layout_matches_nccl_tests(coll, n, count, size, ins, outs):
     s = 8 if count == 0 else 1024
-    assert bench_ops.layout(coll, s, 4, n) == {"count": count, "size_bytes": size, "in_numel": ins, "out_numel": outs}
+    assert bconfig.layout(coll, s, 4, n) == {"count": count, "size_bytes": size, "in_numel": ins, "out_numel": outs}
 
 
 def test_auto_iters_fewer_for_big_messages():
-    assert [bench_ops.auto_iters(s) for s in (8, 2**26, 2**27, 2**28, 2**30)] == [20, 20, 10, 5, 5]
-    cfg = bench_ops.BenchConfig(iters=7)
-    assert cfg.iters_for(2**30) == 7 and bench_ops.BenchConfig().iters_for(2**30) == 5
+    assert [bconfig.auto_iters(s) for s in (8, 2**26, 2**27, 2**28, 2**30)] == [20, 20, 10, 5, 5]
+    cfg = bconfig.BenchConfig(iters=7)
+    assert cfg.iters_for(2**30) == 7 and bconfig.BenchConfig().iters_for(2**30) == 5
 
 
 def test_planned_points_skip_empty_sizes():
-    cfg = bench_ops.BenchConfig(minbytes=8, maxbytes=64, collectives=("all_reduce", "all_gather"))
+    cfg = bconfig.BenchConfig(minbytes=8, maxbytes=64, collectives=("all_reduce", "all_gather"))
     assert cfg.sizes() == [8, 16, 32, 64]
-    assert bench_ops.planned_points(cfg, 2) == 8
-    assert bench_ops.planned_points(cfg, 4) == 4 + 3  # all_gather of 8 B on 4 ranks has no element
+    assert bconfig.planned_points(cfg, 2) == 8
+    assert bconfig.planned_points(cfg, 4) == 4 + 3  # all_gather of 8 B on 4 ranks has no element
 
 
 @pytest.mark.parametrize("kw, message", [({"minbytes": 0}, "minbytes must be an integer >= 1"),
@@ -109,7 +105,7 @@ def test_planned_points_skip_empty_sizes():
                                          ({"datatype": "fp8"}, "unknown datatype")])
 def test_config_errors(kw, message):
     with pytest.raises(ValueError, match=message):
-        bench_ops.BenchConfig(**kw)
+        bconfig.BenchConfig(**kw)
 
 
 # ---------------------------------------------------------------------------- the check itself
@@ -117,23 +113,23 @@ def test_count_wrong_counts_elements():
     exp = torch.arange(10, dtype=torch.float32)
     got = exp.clone()
     got[[1, 4, 7]] += 1
-    assert bench_ops.count_wrong(exp.clone(), exp) == 0
-    assert bench_ops.count_wrong(got, exp) == 3
+    assert bconfig.count_wrong(exp.clone(), exp) == 0
+    assert bconfig.count_wrong(got, exp) == 3
     got[0] = math.nan
-    assert bench_ops.count_wrong(got, exp) == 4
-    assert bench_ops.count_wrong(torch.tensor([1, 2, -3], dtype=torch.int8),
+    assert bconfig.count_wrong(got, exp) == 4
+    assert bconfig.count_wrong(torch.tensor([1, 2, -3], dtype=torch.int8),
                                  torch.tensor([1, 2, 3], dtype=torch.int8)) == 1
     with pytest.raises(ValueError, match="shape"):
-        bench_ops.count_wrong(exp[:3], exp)
+        bconfig.count_wrong(exp[:3], exp)
 
 
 # ---------------------------------------------------------------------------- table and files
 def _row(coll, placement, size, time_us, wrong=0, n=2):
-    lay = bench_ops.layout(coll, size, 4, n)
+    lay = bconfig.layout(coll, size, 4, n)
     ms = time_us * 1e-3
     return {"collective": coll, "placement": placement, "size_bytes": lay["size_bytes"], "count": lay["count"],
-            "type": "float", "redop": "sum" if coll in bench_ops.REDUCING else "none",
-            "root": 0 if coll in bench_ops.ROOTED else -1, "time_us": time_us, "p10_us": time_us,
+            "type": "float", "redop": "sum" if coll in bconfig.REDUCING else "none",
+            "root": 0 if coll in bconfig.ROOTED else -1, "time_us": time_us, "p10_us": time_us,
             "p90_us": time_us, "algbw_gbps": bandwidth.algbw_gbps(lay["size_bytes"], ms),
             "busbw_gbps": bandwidth.busbw_gbps(coll, lay["size_bytes"], ms, n), "wrong": wrong,
             "iters": 20, "repeat": 5}
@@ -144,30 +140,30 @@ def _doc(alpha_us=10.0, beta_gbps=100.0, wrong=0):
     rows = []
     for coll in ("all_reduce", "all_gather", "send_recv"):
         for k in range(10, 31, 4):
-            for p in bench_ops.FORMS[coll]:
+            for p in bconfig.FORMS[coll]:
                 rows.append(_row(coll, p, 2**k, alpha_us + 2**k / (beta_gbps * 1e3), wrong if k == 30 else 0))
-    cfg = bench_ops.BenchConfig(minbytes=1024, maxbytes=2**30, stepfactor=16).to_dict()
+    cfg = bconfig.BenchConfig(minbytes=1024, maxbytes=2**30, stepfactor=16).to_dict()
     meta = {"world_size": 2, "backend": "nccl", "config": cfg, "nodes": 1, "torch_version": "x",
             "devices": [{"rank": r, "host": "h", "device": f"cuda:{r}", "name": "GPU"} for r in (0, 1)]}
     result = {"meta": meta, "latency": _row("all_reduce", "in-place", 8, 12.5), "rows": rows, "elapsed_s": 1.0}
-    return bench_report.make_doc(result, fingerprint="2x GPU | NV18 | torch x", link_peak_gbps=200.0,
+    return report.make_doc(result, fingerprint="2x GPU | NV18 | torch x", link_peak_gbps=200.0,
                                  command="python -m labutils bench")
 
 
 def test_row_line_is_nccl_tests_format():
-    line = bench_report.row_line([_row("all_gather", "out-of-place", 1024, 12.345),
+    line = report.row_line([_row("all_gather", "out-of-place", 1024, 12.345),
                                   _row("all_gather", "in-place", 1024, 1234.5, wrong=3)])
     assert line == ("        1024           128     float    none      -1"
                     "    12.35    0.08    0.04      0   1234.5    0.00    0.00      3")
-    names = bench_report.block_lines("all_gather")[3]
+    names = report.block_lines("all_gather")[3]
     assert len(line) == len(names)  # columns line up with the header
-    solo = bench_report.row_line([_row("all_reduce", "in-place", 2**30, 25000.0)])
+    solo = report.row_line([_row("all_reduce", "in-place", 2**30, 25000.0)])
     assert solo.split()[5:9] == ["N/A"] * 4 and solo.split()[9] == "25000"
 
 
 @pytest.mark.parametrize("us, text", [(1.234, "1.23"), (123.45, "123.5"), (12345.6, "12346"), (None, "N/A")])
 def test_time_format(us, text):
-    assert bench_report.format_time_us(us) == text
+    assert report.format_time_us(us) == text
 
 
 def test_summary_average_peak_latency_and_link():
@@ -179,14 +175,14 @@ def test_summary_average_peak_latency_and_link():
     assert s["busbw_at_max"]["all_gather"]["size_bytes"] == 2**30
     assert s["latency_us"] == 12.5 and s["wrong_total"] == 0
     assert s["peak_fraction_of_link"] == pytest.approx(max(busbw) / 200.0)
-    text = "\n".join(bench_report.summary_lines(s))
+    text = "\n".join(report.summary_lines(s))
     assert "0 OK" in text and "8-byte latency       : 12.50 us" in text and "of the link peak 200.0" in text
     bad = _doc(wrong=7)["summary"]
-    assert bad["wrong_total"] == 7 * 4 and "FAILED" in bench_report.summary_lines(bad)[0]
+    assert bad["wrong_total"] == 7 * 4 and "FAILED" in report.summary_lines(bad)[0]
 
 
 def test_table_lines_have_header_blocks_and_summary():
-    lines = bench_report.table_lines(_doc())
+    lines = report.table_lines(_doc())
     assert lines[1] == "# fingerprint: 2x GPU | NV18 | torch x"
     assert sum(line == "# all_gather" for line in lines) == 1
     assert any(line.startswith("# 8-byte latency: all_reduce of 8 B (2 x float, in place): 12.50 us") for line in lines)
@@ -195,44 +191,44 @@ def test_table_lines_have_header_blocks_and_summary():
 
 def test_csv_and_json_round_trip(tmp_path):
     doc = _doc()
-    bench_report.write_csv(tmp_path / "r.csv", doc)
+    report.write_csv(tmp_path / "r.csv", doc)
     with open(tmp_path / "r.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 + len(doc["rows"]) and rows[0]["kind"] == "latency"
     assert {r["fingerprint"] for r in rows} == {"2x GPU | NV18 | torch x"}
     assert float(rows[1]["busbw_gbps"]) == pytest.approx(doc["rows"][0]["busbw_gbps"])
-    bench_report.write_json(tmp_path / "r.json", doc)
-    back = bench_report.load_json(tmp_path / "r.json")
+    report.write_json(tmp_path / "r.json", doc)
+    back = report.load_json(tmp_path / "r.json")
     assert back["fingerprint"] == doc["fingerprint"] and back["summary"] == json.loads(json.dumps(doc["summary"]))
     (tmp_path / "other.json").write_text('{"name": 1}')
     with pytest.raises(ValueError, match="not a labutils bench result.*HINT"):
-        bench_report.load_json(tmp_path / "other.json")
+        report.load_json(tmp_path / "other.json")
 
 
 def test_fits_recover_alpha_beta_and_interpolation():
     doc = _doc(alpha_us=10.0, beta_gbps=100.0)
-    fits = bench_report.fits(doc)
+    fits = report.fits(doc)
     assert set(fits) == {"all_reduce", "all_gather", "send_recv"}
     assert fits["all_reduce"].alpha_us == pytest.approx(10.0, rel=1e-6)
     assert fits["all_reduce"].beta_gbps == pytest.approx(100.0, rel=1e-6)
-    t = bench_report.time_us_at(doc, "all_reduce", 2**14)
+    t = report.time_us_at(doc, "all_reduce", 2**14)
     assert t == pytest.approx(10.0 + 2**14 / 1e5)  # exactly a measured point
-    mid = bench_report.time_us_at(doc, "all_reduce", 2**16)  # between 2^14 and 2^18
+    mid = report.time_us_at(doc, "all_reduce", 2**16)  # between 2^14 and 2^18
     assert min(10 + 2**14 / 1e5, 10 + 2**18 / 1e5) < mid < max(10 + 2**14 / 1e5, 10 + 2**18 / 1e5)
-    assert bench_report.time_us_at(doc, "all_reduce", 8) is None  # outside the sweep
+    assert report.time_us_at(doc, "all_reduce", 8) is None  # outside the sweep
 
 
 def test_busbw_figure_and_note():
     doc = _doc()
-    fig = bench_report.busbw_figure(doc, prediction=(2**30, 150.0))
+    fig = report.busbw_figure(doc, prediction=(2**30, 150.0))
     labels = [line.get_label() for line in fig.axes[0].lines]
     assert "all_gather (out-of-place)" in labels and "your prediction" in labels
-    note = bench_report.link_note(doc)
+    note = report.link_note(doc)
     assert "| all_gather (out-of-place) | 1 GiB |" in note and "8-byte all_reduce latency: 12.50 us" in note
 
 
 # ---------------------------------------------------------------------------- real gloo ranks
-SMALL = bench_ops.BenchConfig(minbytes=8, maxbytes=4096, stepfactor=8, iters=2, repeat=2, warmup_iters=1)
+SMALL = bconfig.BenchConfig(minbytes=8, maxbytes=4096, stepfactor=8, iters=2, repeat=2, warmup_iters=1)
 
 
 def _all_to_wrong_root(case):  # broadcasts from the wrong root
@@ -250,13 +246,13 @@ def _swapped_gather(case):  # gathers the ranks' chunks in reverse order
 
 
 def _sweep_and_bugs(rank, world_size):
-    result = bench_ops.sweep(rank, world_size, SMALL)
-    bugs = {"copy": bench_ops.check_one(rank, world_size, "all_reduce", 1024,
+    result = sweep.sweep(rank, world_size, SMALL)
+    bugs = {"copy": ops.verify_one(rank, world_size, "all_reduce", 1024,
                                         run=lambda c: dist.all_reduce(c.out.clone())),
-            "root": bench_ops.check_one(rank, world_size, "broadcast", 1024, run=_all_to_wrong_root),
-            "max": bench_ops.check_one(rank, world_size, "reduce_scatter", 1024, run=_max_not_sum),
-            "order": bench_ops.check_one(rank, world_size, "all_gather", 1024, run=_swapped_gather),
-            "good": bench_ops.check_one(rank, world_size, "all_gather", 1024, run=None)}
+            "root": ops.verify_one(rank, world_size, "broadcast", 1024, run=_all_to_wrong_root),
+            "max": ops.verify_one(rank, world_size, "reduce_scatter", 1024, run=_max_not_sum),
+            "order": ops.verify_one(rank, world_size, "all_gather", 1024, run=_swapped_gather),
+            "good": ops.verify_one(rank, world_size, "all_gather", 1024, run=None)}
     return result, bugs
 
 
@@ -265,7 +261,7 @@ def test_sweep_on_gloo_checks_every_result_and_catches_bugs(no_leaks):
     rows = result["rows"]
     assert result1["rows"] == rows  # every rank reports the slowest rank's numbers
     n_sizes = len(SMALL.sizes())
-    assert len(rows) == sum(n_sizes * len(bench_ops.FORMS[c]) for c in bandwidth.OPS)
+    assert len(rows) == sum(n_sizes * len(bconfig.FORMS[c]) for c in bandwidth.OPS)
     assert all(r["wrong"] == 0 for r in rows) and result["latency"]["wrong"] == 0
     for r in rows:
         assert r["time_us"] > 0 and r["iters"] == 2 and r["repeat"] == 2
@@ -279,13 +275,13 @@ def test_sweep_on_gloo_checks_every_result_and_catches_bugs(no_leaks):
 
 def _dtype_matrix(rank, world_size):
     out = {}
-    for dtype, ops in (("half", ("sum", "prod", "avg")), ("bfloat16", ("sum", "max")), ("int8", ("sum", "min")),
-                       ("double", ("avg",))):
-        for op in ops:
-            cfg = bench_ops.BenchConfig(minbytes=24, maxbytes=24 * 64, stepfactor=8, datatype=dtype, redop=op,
+    for dtype, redops in (("half", ("sum", "prod", "avg")), ("bfloat16", ("sum", "max")), ("int8", ("sum", "min")),
+                          ("double", ("avg",))):
+        for op in redops:
+            cfg = bconfig.BenchConfig(minbytes=24, maxbytes=24 * 64, stepfactor=8, datatype=dtype, redop=op,
                                         root=world_size - 1, timed=False, latency=False)
             out[(dtype, op)] = [(r["collective"], r["placement"], r["wrong"])
-                                for r in bench_ops.sweep(rank, world_size, cfg)["rows"]]
+                                for r in sweep.sweep(rank, world_size, cfg)["rows"]]
     return out
 
 
@@ -296,7 +292,7 @@ def test_three_ranks_other_dtypes_and_root_are_exact(no_leaks):
 
 
 def _big_for_memory(rank, world_size):
-    bench_ops.sweep(rank, world_size, bench_ops.BenchConfig(maxbytes=2**50, minbytes=2**50))
+    sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=2**50, minbytes=2**50))
 
 
 def test_too_large_a_sweep_fails_before_allocating(no_leaks):

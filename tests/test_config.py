@@ -1,7 +1,7 @@
 """World size / backend resolution: defaults and every rejection, without starting processes."""
 import pytest
 
-from labutils.config import resolve
+from labutils.config import resolve, under_torchrun
 from labutils.errors import LaunchConfigError
 
 
@@ -36,3 +36,18 @@ def test_rejections(ws, backend, n_gpus, match):
     with pytest.raises(LaunchConfigError, match=match) as info:
         resolve(ws, backend, n_gpus=n_gpus)
     assert "HINT" in str(info.value)
+
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({**TORCHRUN_ENV, "TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0"}, True),   # torchrun
+    (TORCHRUN_ENV, True),                                                     # another env:// launcher
+    ({"TORCHELASTIC_RUN_ID": "x"}, True),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, False),           # no rendezvous address: env:// could not start
+    ({**TORCHRUN_ENV, "LABUTILS_RANK": "0"}, False),     # labutils' own ranks set the same variables
+    ({}, False),
+])
+def test_under_torchrun(env, expected):
+    assert under_torchrun(env) is expected

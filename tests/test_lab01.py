@@ -1,5 +1,5 @@
 """Lab 01 (torch.cuda.comm) on the CPU: the API examples and their references, the stand-in, the
-measurement code paths (run on ``cudacomm.cpu_standin()``), the pure analysis (fits, kernel
+measurement code paths (run on ``devices.cpu_standin()``), the pure analysis (fits, kernel
 names, claims), the exercise checkers, and -- when they exist -- the recordings from 2xH200.
 
 Run: pytest tests/test_lab01.py -q     (a few seconds; the GPU versions are in tests/gpu/)
@@ -15,9 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from labutils import bandwidth, cudacomm, recorded
-from labutils import cudacomm_analysis as analysis
-from labutils import cudacomm_bench as bench
+from labutils import bandwidth, recorded
+from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
 from labutils.checks import ExerciseError
 from labutils.checks import lab01 as check
 from labutils.solutions import lab01 as solutions
@@ -35,33 +34,34 @@ def test_error_text_strips_tensor_reprs_so_cpu_and_gpu_read_the_same():
         def f():
             raise ValueError(msg)
         return f
-    gpu = cudacomm.error_text(raise_with("but got:tensor([0, 0, 0], device='cuda:0')"))
-    cpu = cudacomm.error_text(raise_with("but got:tensor([0, 0, 0])"))
-    multi = cudacomm.error_text(raise_with("got tensor([[1., 2.],\n        [3., 4.]]) and more\nsecond line"))
+    gpu = verify.error_text(raise_with("but got:tensor([0, 0, 0], device='cuda:0')"))
+    cpu = verify.error_text(raise_with("but got:tensor([0, 0, 0])"))
+    multi = verify.error_text(raise_with("got tensor([[1., 2.],\n        [3., 4.]]) and more\nsecond line"))
     assert gpu == cpu == "raises ValueError: but got:tensor(...)"
     assert multi == "raises ValueError: got tensor(...) and more"
-    assert cudacomm.error_text(lambda: torch.tensor([1, 2], dtype=torch.float16)) == \
+    assert verify.error_text(lambda: torch.tensor([1, 2], dtype=torch.float16)) == \
         "returns torch.float16 [1.0, 2.0]"
-    assert cudacomm.error_text(lambda: None) == "returns None"
+    assert verify.error_text(lambda: None) == "returns None"
 
 
 def test_source_bugs_that_reproduce_on_the_cpu():
     import torch.cuda.comm as comm
     a, c = torch.tensor([1, 2, 3]), torch.zeros(3, dtype=torch.int64)
-    assert cudacomm.error_text(lambda: comm.broadcast(a, [c])) == (
+    assert verify.error_text(lambda: comm.broadcast(a, [c])) == (
         "raises ValueError: Expected a torch.device with a specified index or an integer, but got:tensor(...)")
-    assert cudacomm.error_text(lambda: comm.broadcast(a, [0], out=[c])).startswith(
+    assert verify.error_text(lambda: comm.broadcast(a, [0], out=[c])).startswith(
         "raises RuntimeError: Exactly one of 'devices' and 'out' must be specified")
     assert not hasattr(comm, "all_reduce")
-    assert cudacomm.error_text(lambda: comm.reduce_add([a, a])).startswith("raises AssertionError: reduce_add "
+    assert verify.error_text(lambda: comm.reduce_add([a, a])).startswith("raises AssertionError: reduce_add "
                                                                            "expects all inputs to be on GPUs")
 
 
 def test_importing_lab01_modules_does_not_import_torch_cuda_comm():
     """The notebook's first checked cell shows `torch.cuda.comm` -> AttributeError; any import of the
     submodule by labutils before that cell would make it lie."""
-    code = ("import sys, torch, labutils, labutils.cudacomm, labutils.cudacomm_bench, "
-            "labutils.cudacomm_analysis, labutils.checks.lab01, labutils.hw, labutils.plots, "
+    code = ("import sys, torch, labutils, labutils.labs.lab01_cuda_comm.devices, "
+            "labutils.labs.lab01_cuda_comm.verify, labutils.labs.lab01_cuda_comm.measure, "
+            "labutils.labs.lab01_cuda_comm.analysis, labutils.checks.lab01, labutils.hw, labutils.plots, "
             "labutils.recorded; print('torch.cuda.comm' in sys.modules, hasattr(torch.cuda, 'comm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -71,13 +71,13 @@ def test_importing_lab01_modules_does_not_import_torch_cuda_comm():
 # ---- the stand-in and the API examples ---------------------------------------------------------
 @pytest.mark.parametrize("n", [2, 3])
 def test_api_examples_match_their_references_on_the_standin(n):
-    rec = json.loads(json.dumps(cudacomm.api_examples(cudacomm.cpu_standin(n))))  # as recorded
-    lines = cudacomm.check_api(rec, device=lambda i: "cpu")
-    assert len(lines) == len(cudacomm.API_MEANING) and all(line.startswith("✓") for line in lines), lines
+    rec = json.loads(json.dumps(verify.api_examples(devices.cpu_standin(n))))  # as recorded
+    lines = verify.check_api(rec, device=lambda i: "cpu")
+    assert len(lines) == len(verify.API_MEANING) and all(line.startswith("✓") for line in lines), lines
 
 
 def test_api_reference_shapes_for_three_devices():
-    ref = cudacomm.api_reference(3)
+    ref = verify.api_reference(3)
     assert [c["shape"] for c in ref["scatter"]] == [[2, 3]] * 3
     assert [c["shape"] for c in ref["scatter(chunk_sizes=)"]] == [[1, 3], [1, 3], [4, 3]]
     assert ref["reduce_add"]["values"] == [6.0, 12.0, 18.0, 24.0]
@@ -94,14 +94,14 @@ def test_api_reference_shapes_for_three_devices():
     (lambda r: r.update({"broadcast returns the source itself": False}), "✗ broadcast returns the source"),
 ])
 def test_check_api_reports_what_differs(mutate, expect):
-    rec = cudacomm.api_reference(2)
+    rec = verify.api_reference(2)
     mutate(rec)
-    bad = [line for line in cudacomm.check_api(rec) if line.startswith("✗")]
+    bad = [line for line in verify.check_api(rec) if line.startswith("✗")]
     assert len(bad) == 1 and bad[0].startswith(expect), bad
 
 
 def test_standin_broadcast_needs_exactly_one_of_devices_and_out():
-    s = cudacomm.CpuComm()
+    s = devices.CpuComm()
     with pytest.raises(RuntimeError, match="Exactly one"):
         s.broadcast(torch.ones(2))
     with pytest.raises(RuntimeError, match="Exactly one"):
@@ -109,7 +109,7 @@ def test_standin_broadcast_needs_exactly_one_of_devices_and_out():
 
 
 def test_call_counter_counts_and_forwards():
-    counted = cudacomm.CallCounter(cudacomm.CpuComm())
+    counted = devices.CallCounter(devices.CpuComm())
     out = counted.reduce_add([torch.ones(2), torch.ones(2)])
     counted.broadcast(out, [0, 1])
     counted.broadcast(out, [0, 1])
@@ -120,12 +120,12 @@ def test_call_counter_counts_and_forwards():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_gpu_setup_without_gpus_says_what_to_do():
     with pytest.raises(RuntimeError, match="HINT: use cpu_standin"):
-        cudacomm.gpu_setup()
+        devices.gpu_setup()
 
 
 def test_one_device_examples_and_dtype_rules_run_on_the_standin():
-    assert all(cudacomm.one_device_examples(cudacomm.cpu_standin(1)).values())
-    rules = cudacomm.dtype_rules(cudacomm.cpu_standin(2))
+    assert all(verify.one_device_examples(devices.cpu_standin(1)).values())
+    rules = verify.dtype_rules(devices.cpu_standin(2))
     assert "reduce_add fp32 (GPU 0) + fp16 (GPU 1)" in rules  # the key analysis.claims reads
     assert all(set(r) == {"path", "outcome"} for r in rules.values())
     assert rules["reduce_add fp32 + fp16, both on GPU 0"]["outcome"].startswith("returns torch.float32")
@@ -133,48 +133,48 @@ def test_one_device_examples_and_dtype_rules_run_on_the_standin():
 
 # ---- measurement code paths on the stand-in ---------------------------------------------------
 def test_time_on_devices_rejects_bad_counts_and_times_on_the_cpu():
-    setup = cudacomm.cpu_standin(2)
+    setup = devices.cpu_standin(2)
     for bad in ({"iters": 0}, {"repeat": 0}, {"warmup": -1}, {"iters": True}, {"repeat": 2.0}):
         with pytest.raises(ValueError):
-            bench.time_on_devices(lambda: None, setup, **bad)
-    t = bench.time_on_devices(lambda: torch.ones(100).sum(), setup, warmup=1, iters=3, repeat=4)
+            measure.time_on_devices(lambda: None, setup, **bad)
+    t = measure.time_on_devices(lambda: torch.ones(100).sum(), setup, warmup=1, iters=3, repeat=4)
     assert len(t.samples_ms) == 4 and t.median_ms > 0
 
 
 def test_plan_keeps_big_messages_cheap():
-    assert bench.plan(1024) == (2, 50, 5)
-    assert bench.plan(1 << 20) == (2, 8, 5)
-    assert bench.plan(1 << 30) == (1, 1, 3)
+    assert measure.plan(1024) == (2, 50, 5)
+    assert measure.plan(1 << 20) == (2, 8, 5)
+    assert measure.plan(1 << 30) == (1, 1, 3)
 
 
 def test_experiments_need_two_devices():
     with pytest.raises(ValueError, match="needs >= 2"):
-        bench.sweep(cudacomm.cpu_standin(1), [1024])
+        measure.sweep(devices.cpu_standin(1), [1024])
 
 
 def test_sweep_dtype_many_redundant_return_json_data_of_the_expected_shape():
-    setup = cudacomm.cpu_standin(2)
-    sw = bench.sweep(setup, [1 << 12, 1 << 16])
-    assert sw["sizes"] == [4096, 65536] and set(sw["ops"]) == set(bench.SWEEP_OPS)
+    setup = devices.cpu_standin(2)
+    sw = measure.sweep(setup, [1 << 12, 1 << 16])
+    assert sw["sizes"] == [4096, 65536] and set(sw["ops"]) == set(measure.SWEEP_OPS)
     assert all(len(d["median_ms"]) == 2 for d in sw["ops"].values())
-    dt = bench.dtype_costs(setup, numel=1 << 12)
+    dt = measure.dtype_costs(setup, numel=1 << 12)
     assert dt["numel"] == 1 << 12 and dt["bytes"]["reduce_add fp16 (NCCL)"] == 2 << 12
-    many = bench.many_small(setup, total_bytes=1 << 14, counts=(1, 4))
+    many = measure.many_small(setup, total_bytes=1 << 14, counts=(1, 4))
     assert len(many["loop"]) == len(many["coalesced"]) == 2
-    red = bench.redundant(setup, sizes_bytes=(1 << 10, 1 << 12))
+    red = measure.redundant(setup, sizes_bytes=(1 << 10, 1 << 12))
     assert all(len(v) == 2 for v in red["cases"].values())
     for data in (sw, dt, many, red):
         assert json.loads(json.dumps(data)) == data
 
 
 def test_profile_kernels_writes_a_trace_and_a_table(tmp_path):
-    setup = cudacomm.cpu_standin(2)
-    out = bench.profile_kernels(lambda: torch.ones(64) + 1, setup, trace_path=tmp_path / "t.json",
+    setup = devices.cpu_standin(2)
+    out = measure.profile_kernels(lambda: torch.ones(64) + 1, setup, trace_path=tmp_path / "t.json",
                                 table_rows=5)
     assert out["kernels"] == []  # no GPU activity on the CPU
     assert "aten::add" in out["table"]
     assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
-    ops = bench.profile_ops(setup, 1 << 12, extra={"mine": lambda: None})
+    ops = measure.profile_ops(setup, 1 << 12, extra={"mine": lambda: None})
     assert "comm.broadcast" in ops and "mine" in ops
 
 
@@ -281,10 +281,10 @@ def test_predict_time_checker(capsys):
 def test_all_reduce_checker():
     check.all_reduce(solutions.all_reduce_from_reduce_add)
     check.all_reduce(_stub)
-    check.all_reduce(solutions.all_reduce_from_reduce_add, cudacomm.cpu_standin(4))
+    check.all_reduce(solutions.all_reduce_from_reduce_add, devices.cpu_standin(4))
     # The checker's verdicts, on the CPU stand-in (whose `comm` also offers all_reduce), so that
     # they are tested the same way on every machine.
-    standin = cudacomm.cpu_standin(2)
+    standin = devices.cpu_standin(2)
     with pytest.raises(ExerciseError, match="through the `comm` argument"):
         check.all_reduce(lambda ts, comm: [sum(x.to(t.device) for x in ts) for t in ts], standin)
     with pytest.raises(ExerciseError, match="built-in all_reduce"):
@@ -319,7 +319,7 @@ REC_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
                     reason="lab 01 recordings not made yet (run the notebook on >= 2 GPUs with LABUTILS_RECORD=1)")
 def test_recordings_are_complete_and_correct():
     m = {n: recorded.load(n, REC_DIR) for n in RECORDINGS}
-    assert all(line.startswith("✓") for line in cudacomm.check_api(m["01_api_examples"].data["api"]))
+    assert all(line.startswith("✓") for line in verify.check_api(m["01_api_examples"].data["api"]))
     assert m["01_source_program"].data["fixed"]["a"] == [5, 7, 9]
     assert len(m["01_bandwidth_sweep"].data["sizes"]) == len(bandwidth.size_sweep(1 << 10, 1 << 30, 2))
     rows = analysis.claims(m["01_bandwidth_sweep"].data, m["01_dtype_costs"].data,

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import LaunchConfigError, RankError, RankTimeout
+from labutils import LaunchConfigError, RankError, RankTimeout, procs
 
 
 def _sum_ranks(rank, world_size, offset):
@@ -151,3 +151,27 @@ def test_under_torchrun_runs_in_process_and_gathers(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     lines = sorted(l for l in r.stdout.splitlines() if l.startswith("RESULT"))
     assert lines == ["RESULT 0 [(0, 3.0), (1, 3.0)]", "RESULT 1 [(0, 3.0), (1, 3.0)]"]
+
+
+def test_leftover_ranks_reports_live_rank_processes_only():
+    import subprocess
+    import sys
+    # stand-ins whose command line names the rank module, as a rank's does
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "labutils._rank"])
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)", "labutils.pool.worker"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pids = lambda found: {p.pid for p in found}  # noqa: E731
+        found = pids(procs.leftover_ranks())
+        assert {sleeper.pid, quick.pid} <= found and other.pid not in found
+        assert sleeper.pid not in pids(procs.leftover_ranks(ignore={sleeper.pid}))
+        assert quick.pid not in pids(procs.leftover_ranks(ignore={sleeper.pid}, wait_s=10))  # it exits meanwhile
+        sleeper.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(sleeper.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sleeper.pid not in pids(procs.leftover_ranks())  # dead but not reaped: not left behind
+    finally:
+        for p in (sleeper, quick, other):
+            p.kill()
+            p.wait()

@@ -17,7 +17,10 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import overlap, p2p
+from labutils import compat, procs
+from labutils.config import rank_device
+from labutils.labs.lab03_async_p2p import exchange, hang, measure, overlap, wait
+from labutils.solutions import lab03 as solution
 from labutils.checks import ExerciseError
 from labutils.checks import lab03 as check
 
@@ -27,13 +30,13 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot 
 # ---- pure helpers -------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", range(1, 9))
 def test_chunk_rows_matches_torch_chunk(world_size):
-    assert p2p.chunk_rows(1000, world_size) == [c.shape[0] for c in torch.chunk(torch.empty(1000), world_size)]
+    assert exchange.chunk_rows(1000, world_size) == [c.shape[0] for c in torch.chunk(torch.empty(1000), world_size)]
 
 
 def test_chunk_rows_uneven_and_too_few_pieces():
-    assert p2p.chunk_rows(1000, 3) == [334, 334, 332]
+    assert exchange.chunk_rows(1000, 3) == [334, 334, 332]
     with pytest.raises(ValueError, match="fewer than 4 pieces.*HINT"):
-        p2p.chunk_rows(5, 4)  # torch.chunk gives 2, 2, 1: rank 3 would get nothing
+        exchange.chunk_rows(5, 4)  # torch.chunk gives 2, 2, 1: rank 3 would get nothing
 
 
 @pytest.mark.parametrize("tc, tm, to, expected", [
@@ -63,7 +66,7 @@ def test_describe_efficiency_thresholds():
 def test_diagnose_source_names_blocks_by_checksum():
     summaries = [{"shape": [1500, 1000], "tensor_sum": 1.5, "result_sum": 10.0, "block_sums": [10.0, None, 20.0]},
                  {"shape": [1500, 1000], "tensor_sum": 2.5, "result_sum": 20.0, "block_sums": [20.0, 10.0, 0.0]}]
-    lines = p2p.diagnose_source(summaries)
+    lines = exchange.diagnose_source(summaries)
     assert lines[0] == "final_result shape: (1500, 1000) on every rank (the gathered tensor is (1000, 1000))"
     assert lines[1] == ("rank 0 concatenates: result = chunk 0, received_results[0] = never written, "
                         "received_results[1] = chunk 1")
@@ -73,15 +76,15 @@ def test_diagnose_source_names_blocks_by_checksum():
 
 def test_report_fixes_is_false_if_any_rank_differs():
     ok = {"shape": [1000, 1000], "equal": True}
-    lines = p2p.report_fixes([{"a": ok}, {"a": {**ok, "equal": False}}])
+    lines = exchange.report_fixes([{"a": ok}, {"a": {**ok, "equal": False}}])
     assert lines == ["a                           shape (1000, 1000), equals tensor * 2 on every rank: False"]
 
 
 def test_step_log_round_trip(tmp_path):
-    log = p2p.StepLog(str(tmp_path), 3)
+    log = hang.StepLog(str(tmp_path), 3)
     log.mark("start", "gloo\ton cpu\nsecond line")
     log.mark("isend")
-    steps = p2p.read_steps(str(tmp_path))
+    steps = hang.read_steps(str(tmp_path))
     assert list(steps) == [3]
     assert [(s["step"], s["detail"]) for s in steps[3]] == [("start", "gloo on cpu second line"), ("isend", "")]
 
@@ -97,25 +100,25 @@ GPU_HANG = [("start", ""), ("isend", ""), ("irecv", ""), ("wait", ""), ("p2p_don
 
 
 def test_hang_verdict_gpu_hang():
-    text = p2p.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG, 1: GPU_HANG}))
+    text = hang.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG, 1: GPU_HANG}))
     assert text == ("eager init: HANG -- isend, irecv and wait() returned on every rank's host, but after "
                     "1 s the GPU had completed 0/2 requests; an all_reduce issued afterwards completed: "
                     "False; torch.cuda.synchronize() (what print(final_result) needs) never returned; "
                     "labutils killed every rank at the 15 s timeout (RankTimeout) (15 s in all).")
-    assert p2p.describe_steps(_outcome("RankTimeout", {0: GPU_HANG}))[0].endswith("all_reduce complete: False -> (stopped here)")
+    assert hang.describe_steps(_outcome("RankTimeout", {0: GPU_HANG}))[0].endswith("all_reduce complete: False -> (stopped here)")
 
 
 def test_hang_verdict_other_outcomes():
     done = GPU_HANG[:4] + [("p2p_done", "2/2"), ("all_reduce", ""), ("all_reduce_done", "True"), ("synchronized", "")]
-    assert "COMPLETED" in p2p.hang_verdict(_outcome("completed", {0: done, 1: done}))
-    assert "INCONCLUSIVE" in p2p.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG}))  # rank 1 never started
-    host = p2p.hang_verdict(_outcome("RankTimeout", {0: [("start", "")], 1: GPU_HANG}))
+    assert "COMPLETED" in hang.hang_verdict(_outcome("completed", {0: done, 1: done}))
+    assert "INCONCLUSIVE" in hang.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG}))  # rank 1 never started
+    host = hang.hang_verdict(_outcome("RankTimeout", {0: [("start", "")], 1: GPU_HANG}))
     assert host.startswith("eager init: HANG on the host inside isend (ranks [0])")
-    crash = p2p.hang_verdict(_outcome("RankError", {0: GPU_HANG, 1: GPU_HANG},
+    crash = hang.hang_verdict(_outcome("RankError", {0: GPU_HANG, 1: GPU_HANG},
                                       message="rank 1 was killed by SIGABRT before returning a result. HINT: x"))
     assert crash.startswith("eager init: CRASH --")
     assert "then rank 1 was killed by SIGABRT before returning a result" in crash and "HINT" not in crash
-    after_wait = p2p.hang_verdict(_outcome("RankError", {0: GPU_HANG[:4], 1: GPU_HANG}, message="m"))
+    after_wait = hang.hang_verdict(_outcome("RankError", {0: GPU_HANG[:4], 1: GPU_HANG}, message="m"))
     assert after_wait == "eager init: CRASH after wait() (ranks [0]); then m."
 
 
@@ -123,7 +126,7 @@ def test_describe_steps_lists_each_warning_once():
     warn = ("warning", "An unbatched P2P op (send/recv) was called")
     outcome = _outcome("RankTimeout", {0: GPU_HANG[:2] + [warn], 1: GPU_HANG[:2] + [warn]})
     outcome["where"] = {"0": "torch/cuda/__init__.py:1 in synchronize"}
-    assert p2p.describe_steps(outcome) == [
+    assert hang.describe_steps(outcome) == [
         "rank 0: started -> isend returned -> (stopped here)",
         "rank 1: started -> isend returned -> (stopped here)",
         "warning caught: An unbatched P2P op (send/recv) was called",
@@ -133,30 +136,30 @@ def test_describe_steps_lists_each_warning_once():
 # ---- integration with real gloo ranks -----------------------------------------------------------
 def _rings_and_fixes(rank, world_size):
     """Everything that must equal torch's own collectives, in one launch per world size (any backend)."""
-    dev = p2p.rank_device()
-    out = {"fixes": p2p.fixed_versions(rank, world_size), "all_gather": [], "all_reduce": []}
+    dev = rank_device()
+    out = {"fixes": exchange.fixed_versions(rank, world_size), "all_gather": [], "all_reduce": []}
     for shape, dtype in (((5,), torch.float32), ((3, 4), torch.int64), ((1,), torch.float64)):
         inp = (torch.arange(math.prod(shape)) + 100 * rank).reshape(shape).to(dtype).to(dev)
         ref = inp.new_empty((world_size * shape[0], *shape[1:]))
-        p2p.all_gather_tensor(ref, inp)
+        compat.all_gather_into_tensor(ref, inp)
         got = torch.zeros_like(ref)
-        p2p.ring_all_gather(got, inp)
+        solution.ring_all_gather(got, inp)
         out["all_gather"].append(torch.equal(got.cpu(), ref.cpu()))
     for numel in (1, 3, 7, 1000):  # fewer elements than ranks, uneven chunks
         t = (torch.arange(numel) + 10 * rank).float().to(dev)
         ref = t.clone()
         dist.all_reduce(ref)
-        p2p.ring_all_reduce(t)
+        solution.ring_all_reduce(t)
         out["all_reduce"].append(torch.equal(t.cpu(), ref.cpu()))
     t = torch.randn(4097, generator=torch.Generator().manual_seed(rank)).to(dev)
     ref = t.clone()
     dist.all_reduce(ref)
-    p2p.ring_all_reduce(t)
+    solution.ring_all_reduce(t)
     torch.testing.assert_close(t, ref)  # float sums in another order: close, not equal
     errors = []
-    for bad in (lambda: p2p.ring_all_gather(torch.empty(3), torch.empty(2)),
-                lambda: p2p.ring_all_gather(torch.empty(world_size, 4).t(), torch.empty(4)),
-                lambda: p2p.ring_all_reduce(torch.empty(4, 4).t())):
+    for bad in (lambda: solution.ring_all_gather(torch.empty(3), torch.empty(2)),
+                lambda: solution.ring_all_gather(torch.empty(world_size, 4).t(), torch.empty(4)),
+                lambda: solution.ring_all_reduce(torch.empty(4, 4).t())):
         try:
             bad()
         except ValueError as exc:
@@ -167,10 +170,10 @@ def _rings_and_fixes(rank, world_size):
         if rank in (1, 2):
             inp = torch.full((2,), float(rank), device=dev)
             ref, got = torch.empty(4, device=dev), torch.empty(4, device=dev)
-            p2p.all_gather_tensor(ref, inp, group=group)
-            p2p.ring_all_gather(got, inp, group=group)
+            compat.all_gather_into_tensor(ref, inp, group=group)
+            solution.ring_all_gather(got, inp, group=group)
             t = torch.full((5,), float(rank), device=dev)
-            p2p.ring_all_reduce(t, group=group)
+            solution.ring_all_reduce(t, group=group)
             out["group"] = torch.equal(got.cpu(), ref.cpu()) and torch.equal(t.cpu(), torch.full((5,), 3.0))
     return out
 
@@ -178,8 +181,8 @@ def _rings_and_fixes(rank, world_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_fixes_and_rings_equal_the_collectives(world_size, no_leaks):
     res = labutils.launch(_rings_and_fixes, world_size=world_size, backend="gloo", output="quiet")
-    assert all(line.endswith("every rank: True") for line in p2p.report_fixes([r["fixes"] for r in res]))
-    assert all(r["fixes"][name]["shape"] == [1000, 1000] for r in res for name in p2p.FIXES)
+    assert all(line.endswith("every rank: True") for line in exchange.report_fixes([r["fixes"] for r in res]))
+    assert all(r["fixes"][name]["shape"] == [1000, 1000] for r in res for name in exchange.FIXES)
     for r in res:
         assert all(r["all_gather"]) and all(r["all_reduce"])
         assert r["errors"] == [True, True, True]
@@ -188,8 +191,8 @@ def test_fixes_and_rings_equal_the_collectives(world_size, no_leaks):
 
 
 def test_source_as_written_on_gloo_shows_its_defects(no_leaks):
-    res = labutils.launch(p2p.source_as_written, backend="gloo", world_size=2, output="quiet")
-    lines = p2p.diagnose_source(res)
+    res = labutils.launch(exchange.source_as_written, backend="gloo", world_size=2, output="quiet")
+    lines = exchange.diagnose_source(res)
     assert lines[0].startswith("final_result shape: (1500, 1000) on every rank")
     assert lines[1].startswith("rank 0 concatenates: result = chunk 0, received_results[0] = never written")
     assert lines[2].startswith("rank 1 concatenates: result = chunk 1, received_results[0] = chunk 0")
@@ -197,21 +200,21 @@ def test_source_as_written_on_gloo_shows_its_defects(no_leaks):
 
 
 def test_source_as_written_aborts_with_uneven_chunks(no_leaks):
-    out = p2p.try_launch(p2p.source_as_written, backend="gloo", world_size=3, timeout=60, output="quiet")
+    out = hang.try_launch(exchange.source_as_written, backend="gloo", world_size=3, timeout=60, output="quiet")
     assert out["status"] == "RankError", out
     assert "size" in out["message"] and out["elapsed_s"] < 60
 
 
 def test_hang_demo_on_gloo_completes(no_leaks):
-    out = p2p.hang_demo(timeout_s=60, inits=("eager",), backend="gloo", poll_s=5)["eager"]
+    out = hang.hang_demo(timeout_s=60, inits=("eager",), backend="gloo", poll_s=5)["eager"]
     assert out["status"] == "completed" and out["value"] == [True, True]
     assert [s["step"] for s in out["steps"]["1"]] == ["start", "isend", "irecv", "wait", "p2p_done",
                                                       "all_reduce", "all_reduce_done", "synchronized"]
-    assert p2p.hang_verdict(out).startswith("eager init: COMPLETED")
+    assert hang.hang_verdict(out).startswith("eager init: COMPLETED")
 
 
 def _blocking_send_first(rank, world_size, log_dir, poll_s):
-    log = p2p.StepLog(log_dir, rank)
+    log = hang.StepLog(log_dir, rank)
     log.mark("start")
     dist.send(torch.ones(4), dst=1 - rank)  # gloo's send waits for the receiver: both wait forever
     log.mark("isend")
@@ -220,15 +223,15 @@ def _blocking_send_first(rank, world_size, log_dir, poll_s):
 def test_deadlock_costs_its_timeout_and_leaves_nothing(no_leaks):
     timeout = 8.0
     t0 = time.monotonic()
-    out = p2p.hang_demo(timeout_s=timeout, inits=("lazy",), backend="gloo", rank_fn=_blocking_send_first)["lazy"]
+    out = hang.hang_demo(timeout_s=timeout, inits=("lazy",), backend="gloo", rank_fn=_blocking_send_first)["lazy"]
     assert out["status"] == "RankTimeout"
     assert time.monotonic() - t0 < timeout + 6  # + labutils' diagnostics and the kill
-    assert p2p.hang_verdict(out) .startswith("lazy init: HANG on the host inside isend (ranks [0, 1])")
-    assert p2p.leftover_ranks() == []
+    assert hang.hang_verdict(out) .startswith("lazy init: HANG on the host inside isend (ranks [0, 1])")
+    assert procs.leftover_ranks() == []
 
 
 def test_wait_blocks_the_host_on_gloo_and_races_are_real(no_leaks):
-    res = labutils.launch(overlap.wait_semantics_gloo, 0.3, backend="gloo", world_size=2, output="quiet")
+    res = labutils.launch(wait.wait_semantics_gloo, 0.3, backend="gloo", world_size=2, output="quiet")
     assert res[0] == {}
     assert res[1]["wait_ms"] >= 150 and res[1]["early_read_stale"] and res[1]["after_wait_ok"]
     assert res[1]["send_race_fraction"] > 0
@@ -250,7 +253,7 @@ def test_overlap_experiment_code_path_on_gloo(no_leaks):
 
 
 def test_ring_vs_collective_code_path_on_gloo(no_leaks):
-    res = labutils.launch(p2p.ring_vs_collective, p2p.ring_all_gather, [1 << 10, 1 << 14], 1, 2, 2,
+    res = labutils.launch(measure.ring_vs_collective, solution.ring_all_gather, [1 << 10, 1 << 14], 1, 2, 2,
                           backend="gloo", world_size=3, output="quiet")
     d = res[0]
     assert d["ring_correct"] and d["world_size"] == 3
@@ -265,7 +268,7 @@ def _stub(*args):
 
 def test_checker_stub_checks_the_reference(capsys, no_leaks):
     fn = check.ring_all_gather(_stub, backend="gloo")
-    assert fn is p2p.ring_all_gather
+    assert fn is solution.ring_all_gather
     out = capsys.readouterr().out
     assert "not attempted" in out and "labutils.solutions.lab03.ring_all_gather" in out
     assert "✓ ring all-gather (reference solution) matches all_gather_into_tensor on every rank" in out
@@ -344,12 +347,11 @@ def test_checker_wants_a_function():
     ([9.0, 80.0], "**No.**", "the ring ahead"),
 ])
 def test_library_verdict_follows_the_measurement(coll, head, state):
-    from labutils import p2p_bench
     d = {"size_bytes": [1 << 20, 1 << 30], "ring_busbw_gbps": [10.0, 100.0],
          "collective_busbw_gbps": coll, "world_size": 4}
-    text = p2p_bench.library_verdict(d)
+    text = measure.library_verdict(d)
     assert text.startswith(head) and text.rstrip(".").endswith(state), text
     assert f"{coll[0] / 10:.2f}× at 1 MiB" in text
     assert "2 ranks" not in text
     # the 2-rank explanation appears exactly when NCCL does not win the largest size
-    assert ("With 2 ranks" in p2p_bench.library_verdict({**d, "world_size": 2})) == (state != "NCCL ahead")
+    assert ("With 2 ranks" in measure.library_verdict({**d, "world_size": 2})) == (state != "NCCL ahead")

@@ -2,7 +2,7 @@
 import nbformat
 import pytest
 
-from labutils import runlabs
+from labutils.commands import run_labs
 from labutils.__main__ import main
 
 
@@ -17,14 +17,14 @@ def test_find_labs_and_errors(tmp_path):
     for name in ("00_setup", "01_comm", "02_tp"):
         _nb(tmp_path / f"{name}.ipynb", ["1"])
     (tmp_path / "scratch.ipynb").write_text("{}")
-    assert [p.stem for p in runlabs.find_labs(tmp_path, [])] == ["00_setup", "01_comm", "02_tp"]
-    assert [p.stem for p in runlabs.find_labs(tmp_path, ["02", "00_setup"])] == ["02_tp", "00_setup"]
+    assert [p.stem for p in run_labs.find_labs(tmp_path, [])] == ["00_setup", "01_comm", "02_tp"]
+    assert [p.stem for p in run_labs.find_labs(tmp_path, ["02", "00_setup"])] == ["02_tp", "00_setup"]
     with pytest.raises(FileNotFoundError, match="no lab matches '07'"):
-        runlabs.find_labs(tmp_path, ["07"])
+        run_labs.find_labs(tmp_path, ["07"])
 
 
 def test_format_table():
-    table = runlabs.format_table([("00_setup", "cpu", "ok", 12.345), ("01_comm", "cpu", "FAILED: x", 3.0)])
+    table = run_labs.format_table([("00_setup", "cpu", "ok", 12.345), ("01_comm", "cpu", "FAILED: x", 3.0)])
     lines = table.splitlines()
     assert lines[0].split() == ["lab", "mode", "status", "seconds"]
     assert lines[2].split() == ["00_setup", "cpu", "ok", "12.3"]

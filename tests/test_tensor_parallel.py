@@ -17,11 +17,12 @@ import torch.distributed as dist
 from torch import nn
 
 import labutils
-from labutils import bandwidth, tensor_parallel, tp_bench, tp_comm
+from labutils import bandwidth, compat
+from labutils.labs.lab02_tensor_parallel import comm, cost_model, measure, verify
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
-from labutils.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
-                                      reference_mlp, shard)
+from labutils.labs.lab02_tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
+                                                        TensorParallelMLP, reference_mlp, shard)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 
@@ -82,12 +83,12 @@ def check_gather_and_split_gradients():
     rank, n = dist.get_rank(), dist.get_world_size()
     full, weights = _data((3, 4 * n), (3, 4 * n))
     mine = shard(full, 1).requires_grad_()
-    gathered = tp_comm.gather_from_tp_region(mine)
+    gathered = comm.gather_from_tp_region(mine)
     torch.testing.assert_close(gathered, full)
     (gathered * weights).sum().backward()
     torch.testing.assert_close(mine.grad, shard(weights, 1))  # d/dx_i of sum(w * gather(x))
     whole = full.clone().requires_grad_()
-    part = tp_comm.split_to_tp_region(whole)
+    part = comm.split_to_tp_region(whole)
     torch.testing.assert_close(part, shard(full, 1))
     (part * shard(weights, 1)).sum().backward()
     torch.testing.assert_close(whole.grad, weights)  # every rank's slice comes back
@@ -97,12 +98,12 @@ def check_all_gather_uneven():
     rank, n = dist.get_rank(), dist.get_world_size()
     for counts in ([r + 1 for r in range(n)], [0] + [2] * (n - 1), [3] * n):
         full = torch.arange(sum(counts) * 2, dtype=torch.float32).reshape(-1, 2)
-        got = tp_comm.all_gather_uneven(full.split(counts)[rank].clone())
+        got = comm.all_gather_uneven(full.split(counts)[rank].clone())
         torch.testing.assert_close(got, full)
 
 
 def check_comm_timer_counts_one_all_reduce_each_way():
-    timer = tp_comm.CommTimer()
+    timer = comm.CommTimer()
     mlp = TensorParallelMLP(HIDDEN, FFN, timer=timer)
     x = torch.randn(TOKENS, HIDDEN, requires_grad=True)
     mlp(x).sum().backward()  # disabled: records nothing
@@ -121,7 +122,7 @@ def check_indivisible_sizes_raise():
     if n == 1:
         return
     for make in (lambda: ColumnParallelLinear(4, n + 1), lambda: RowParallelLinear(n + 1, 4),
-                 lambda: tp_comm.split_to_tp_region(torch.ones(2, n + 1))):
+                 lambda: comm.split_to_tp_region(torch.ones(2, n + 1))):
         with pytest.raises(ValueError, match="not divisible by the tensor-parallel world size"):
             make()
 
@@ -176,23 +177,23 @@ def test_reference_mlp_is_reproducible_and_leaves_global_rng_alone():
 
 
 def test_cost_model():
-    assert tensor_parallel.mlp_flops(10, 4, 16) == 4 * 10 * 4 * 16
-    assert tensor_parallel.mlp_flops(10, 4, 16, train=True) == 3 * tensor_parallel.mlp_flops(10, 4, 16)
+    assert cost_model.mlp_flops(10, 4, 16) == 4 * 10 * 4 * 16
+    assert cost_model.mlp_flops(10, 4, 16, train=True) == 3 * cost_model.mlp_flops(10, 4, 16)
     fit = bandwidth.AlphaBeta(alpha_us=20.0, beta_gbps=300.0, max_rel_err=0.0)
     size = 64 * 2**20
     # on 2 ranks the ring extrapolation reproduces the fit it came from
-    assert tensor_parallel.allreduce_ms(size, 2, fit.alpha_us, fit.beta_gbps) == pytest.approx(fit.predict_ms(size))
-    assert tensor_parallel.allreduce_ms(size, 4, fit.alpha_us, fit.beta_gbps) > fit.predict_ms(size)
-    assert tensor_parallel.allreduce_ms(size, 1, fit.alpha_us, fit.beta_gbps) == 0.0
-    assert tensor_parallel.tp_step_ms(10.0, 2, 1.0, count=2) == 7.0
-    small, big = (tensor_parallel.speedup_model(h, 4096, 2, 500.0, 20.0, 300.0) for h in (256, 16384))
+    assert cost_model.allreduce_ms(size, 2, fit.alpha_us, fit.beta_gbps) == pytest.approx(fit.predict_ms(size))
+    assert cost_model.allreduce_ms(size, 4, fit.alpha_us, fit.beta_gbps) > fit.predict_ms(size)
+    assert cost_model.allreduce_ms(size, 1, fit.alpha_us, fit.beta_gbps) == 0.0
+    assert cost_model.tp_step_ms(10.0, 2, 1.0, count=2) == 7.0
+    small, big = (cost_model.speedup_model(h, 4096, 2, 500.0, 20.0, 300.0) for h in (256, 16384))
     assert small < 1.0 < big < 2.0  # tiny layers lose to the all-reduce, big ones approach 2
 
 
 def test_comm_summary_has_lab06_fields():
     rows = [{"hidden": 1024, "tokens": 4096, "dtype": "bfloat16", "allreduce_bytes": 8 * 2**20,
              "allreduce_fwd_ms": 0.05, "tp_fwd_ms": 0.4}]
-    (op,) = tensor_parallel.comm_summary(rows, world_size=2)["ops"]
+    (op,) = cost_model.comm_summary(rows, world_size=2)["ops"]
     assert op == {"what": "TP MLP forward all_reduce, hidden=1024, tokens=4096, bfloat16",
                   "op": "all_reduce", "size_bytes": 8 * 2**20, "world_size": 2, "count_per_step": 1,
                   "measured_ms": 0.05, "step_ms": 0.4}
@@ -200,17 +201,17 @@ def test_comm_summary_has_lab06_fields():
 
 def test_nvlink_counter_absent_means_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a machine without NVML
-    assert tp_bench.nvlink_tx_bytes() is None
+    assert measure.nvlink_tx_bytes() is None
 
 
 # ---- the measurement functions on gloo (small sizes) ----------------------------------------
 def _bench_all(rank, world_size):
-    return {"verify": tp_bench.verify_mlp(rank, world_size, hidden=8, tokens=3),
-            "sweep": tp_bench.collective_sweep(rank, world_size, [64, 1024], warmup=1, iters=2, repeat=2),
-            "objects": tp_bench.object_vs_tensor(rank, world_size, [256, 4096], repeat=2, link_iters=1),
-            "partitions": tp_bench.partitions(rank, world_size, [1, 2], rows=8, cols=4, dtype="float32",
+    return {"verify": verify.verify_mlp(rank, world_size, hidden=8, tokens=3),
+            "sweep": measure.collective_sweep(rank, world_size, [64, 1024], warmup=1, iters=2, repeat=2),
+            "objects": measure.object_vs_tensor(rank, world_size, [256, 4096], repeat=2, link_iters=1),
+            "partitions": measure.partitions(rank, world_size, [1, 2], rows=8, cols=4, dtype="float32",
                                               steps=2, warmup=1),
-            "mlp": tp_bench.tp_mlp_sweep(rank, world_size, [8], tokens=4, dtype="float32", target_ms=0.5)}
+            "mlp": measure.tp_mlp_sweep(rank, world_size, [8], tokens=4, dtype="float32", target_ms=0.5)}
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,7 @@ def test_verify_mlp_reports_every_quantity_ok(bench):
 
 def test_collective_sweep_uses_nccl_tests_definitions(bench):
     ops = bench[0]["sweep"]["ops"]
-    assert set(ops) == set(tp_bench.SWEEP_OPS)
+    assert set(ops) == set(measure.SWEEP_OPS)
     for op, cols in ops.items():
         for s, t, alg, bus in zip(cols["size_bytes"], cols["time_ms"], cols["algbw_gbps"], cols["busbw_gbps"]):
             assert alg == pytest.approx(s / (t * 1e-3) / 1e9)
@@ -257,11 +258,11 @@ def test_gather_checker_flags_leftover_padding():
     def keeps_padding(x, group):
         n = dist.get_world_size(group)
         counts = torch.empty(n, dtype=torch.int64)
-        tp_comm.all_gather_into_tensor(counts, torch.tensor([x.shape[0]]))
+        compat.all_gather_into_tensor(counts, torch.tensor([x.shape[0]]))
         padded = x.new_zeros(int(counts.max()), *x.shape[1:])
         padded[: x.shape[0]] = x
         out = x.new_empty(n * padded.shape[0], *x.shape[1:])
-        tp_comm.all_gather_into_tensor(out, padded)
+        compat.all_gather_into_tensor(out, padded)
         return out
     with pytest.raises(ExerciseError, match="padding is still there"):
         check.gather_rows_uneven(keeps_padding)
@@ -269,7 +270,7 @@ def test_gather_checker_flags_leftover_padding():
 
 def test_row_parallel_checker_flags_bias_added_on_every_rank():
     def bias_everywhere(x, w, b, group):
-        return tp_comm.reduce_from_tp_region(x @ w.T + b, group)
+        return comm.reduce_from_tp_region(x @ w.T + b, group)
     with pytest.raises(ExerciseError, match="add the bias once"):
         check.row_parallel_forward(bias_everywhere)
 
@@ -295,7 +296,7 @@ def test_row_parallel_checker_flags_gradient_all_reduced_twice():
 
 def test_gather_checker_flags_blocks_out_of_rank_order():
     def reversed_order(x, group):
-        blocks = tp_comm.all_gather_uneven(x, group)
+        blocks = comm.all_gather_uneven(x, group)
         return blocks.flip(0)
     with pytest.raises(ExerciseError, match="rank order"):
         check.gather_rows_uneven(reversed_order)
@@ -312,7 +313,7 @@ def test_row_parallel_checker_reports_shapes_and_exceptions(wrong, message):
 
 def test_unknown_sweep_op_is_refused():
     with pytest.raises(ValueError, match="HINT: one of"):
-        tp_bench._collective("all_scatter", 64, 2, torch.device("cpu"), torch.float32)
+        measure._collective("all_scatter", 64, 2, torch.device("cpu"), torch.float32)
 
 
 def test_checkers_fall_back_to_the_reference_for_stubs(capsys):

@@ -55,3 +55,25 @@ def test_benchmark_collective_reports_slowest_rank(no_leaks):
     out = labutils.launch(_collective_timing, world_size=2, backend="gloo")
     assert out[0] == out[1]                      # every rank reports the same samples
     assert len(out[0]) == 4 and min(out[0]) >= 4.0
+
+
+def test_clock_on_cpu_measures_host_time():
+    clock = timing.Clock("cpu")
+    assert not clock.on_gpu and clock.device.type == "cpu"
+    a = clock.mark()
+    time.sleep(0.01)
+    b = clock.mark()
+    clock.synchronize()  # nothing to wait for on the CPU
+    assert 9.0 <= clock.elapsed_ms(a, b) < 1000.0
+    assert timing.Clock(None).device.type == ("cuda" if timing.Clock(None).on_gpu else "cpu")
+
+
+def test_span_timer_spans_from_a_common_zero():
+    timer = timing.SpanTimer()
+    timer.begin(["cpu"])
+    time.sleep(0.005)
+    with timer.span("cpu", "stage 0", "forward", "F0"):
+        time.sleep(0.01)
+    (span,) = timer.spans()
+    assert (span["lane"], span["kind"], span["label"]) == ("stage 0", "forward", "F0")
+    assert 4.0 <= span["start_ms"] < span["end_ms"] and span["end_ms"] - span["start_ms"] >= 9.0

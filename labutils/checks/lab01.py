@@ -2,7 +2,7 @@
 
 Each prints one ``✓`` line that reads the same on GPUs and on a CPU-only machine, or raises
 ``ExerciseError`` with a HINT. With >= 2 GPUs the learner's code runs on ``torch.cuda.comm``;
-otherwise on ``labutils.cudacomm.cpu_standin()`` (same signatures, CPU tensors), so the logic
+otherwise on ``labutils.labs.lab01_cuda_comm.devices.cpu_standin()`` (same signatures, CPU tensors), so the logic
 is checked everywhere. ``comm`` is wrapped in a call counter to see *how* a result was built.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import torch
 
 from . import fail, passed, run_or_reference
-from .. import cudacomm
+from ..labs.lab01_cuda_comm import devices
 from ..bandwidth import AlphaBeta
 from ..solutions import lab01 as solutions
 
@@ -50,9 +50,9 @@ def predict_time(fn, fit: AlphaBeta | None = None, size_bytes: int = 256 << 20) 
     return float(fn(fit.alpha_us, fit.beta_gbps, size_bytes)) if fit is not None else None
 
 
-def _default_setup() -> cudacomm.CommSetup:
+def _default_setup() -> devices.CommSetup:
     enough = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-    return cudacomm.gpu_setup() if enough else cudacomm.cpu_standin(2)
+    return devices.gpu_setup() if enough else devices.cpu_standin(2)
 
 
 def _built_as_asked(calls, builtin: str, builtin_hint: str, ok: bool, what: str, hint: str) -> None:
@@ -68,11 +68,11 @@ def _calls_hint(calls) -> str:
             "through the `comm` argument")
 
 
-def all_reduce(fn, setup: cudacomm.CommSetup | None = None) -> None:
+def all_reduce(fn, setup: devices.CommSetup | None = None) -> None:
     """Exercise 2: ``fn(tensors, comm)`` -> one tensor per input, on its device, each the sum of
     all inputs, built from ``comm.reduce_add`` + ``comm.broadcast`` (not nccl.all_reduce)."""
     setup = setup or _default_setup()
-    comm = cudacomm.CallCounter(setup.comm)
+    comm = devices.CallCounter(setup.comm)
     gen = torch.Generator().manual_seed(1)
     host = [torch.randn(1000, generator=gen) for _ in setup.devices]
     expected = sum(host)
@@ -101,11 +101,11 @@ def all_reduce(fn, setup: cudacomm.CommSetup | None = None) -> None:
            f"{calls['reduce_add']} reduce_add + {calls['broadcast']} broadcast")
 
 
-def broadcast_many(fn, setup: cudacomm.CommSetup | None = None) -> None:
+def broadcast_many(fn, setup: devices.CommSetup | None = None) -> None:
     """Exercise 3: ``fn(tensors, devices, comm)`` -> ``out[k][j]`` = tensor j on devices[k],
     with a single ``comm.broadcast`` call (the job ``broadcast_coalesced`` does)."""
     setup = setup or _default_setup()
-    comm = cudacomm.CallCounter(setup.comm)
+    comm = devices.CallCounter(setup.comm)
     gen = torch.Generator().manual_seed(2)
     host = [torch.randn(3, 4, generator=gen), torch.randn(10, generator=gen),
             torch.randn(2, 2, 2, generator=gen)]

@@ -83,7 +83,7 @@ def gather_rows_uneven(fn) -> None:
 # ----------------------------------------------------------------------------- exercise 2
 def _row_parallel_rank(rank: int, world_size: int, fn) -> dict:
     from labutils.solutions import lab02 as solution
-    from labutils.tensor_parallel import shard
+    from labutils.labs.lab02_tensor_parallel.layers import shard
     gen = torch.Generator().manual_seed(2)
     tokens, fin, fout = 5, 8, 6
     x, w, b, dz = (torch.randn(*s, generator=gen, dtype=torch.float64)
@@ -131,11 +131,11 @@ def row_parallel_forward(fn) -> None:
                      "add the bias once, after the all-reduce, not on every rank before it")
             if r["partial_only"]:
                 fail(f"rank {rank}: Z is this rank's partial sum X_i B_i^T only",
-                     "sum the partial products over ranks: tp_comm.reduce_from_tp_region (Megatron's g)")
+                     "sum the partial products over ranks: comm.reduce_from_tp_region (Megatron's g)")
             fail(f"rank {rank}: Z differs from x @ W.T + b", "Z = sum_i X_i @ B_i.T + b; B_i is weight_shard")
         if not r["requires_grad"]:
             fail(f"rank {rank}: Z is right but carries no gradient",
-                 "do not detach or use .data; tp_comm.reduce_from_tp_region is autograd-aware")
+                 "do not detach or use .data; comm.reduce_from_tp_region is autograd-aware")
         bad = [k for k, ok in r["grads"].items() if not ok]
         if bad:
             fail(f"rank {rank}: wrong gradient of {', '.join(bad)}",

@@ -81,12 +81,13 @@ def _chunks_differ(got, expected, n: int) -> list[int]:
 
 def _all_gather_rank(rank: int, world_size: int, fn, reference) -> dict:
     import torch
-    from ..p2p import all_gather_tensor, rank_device
+    from ..compat import all_gather_into_tensor
+    from ..config import rank_device
     dev, used, cases = rank_device(), False, []
     for i, (shape, dtype) in enumerate(_AG_CASES):
         inp = _input(shape, dtype, rank, dev)
         expected = inp.new_empty((world_size * shape[0], *shape[1:]))
-        all_gather_tensor(expected, inp)
+        all_gather_into_tensor(expected, inp)
         got = torch.full_like(expected, -7)
         used = _call(fn, reference, used, i == 0, got, inp.clone())
         got, expected = got.cpu(), expected.cpu()
@@ -97,7 +98,7 @@ def _all_gather_rank(rank: int, world_size: int, fn, reference) -> dict:
 
 def _all_reduce_rank(rank: int, world_size: int, fn, reference) -> dict:
     import torch.distributed as dist
-    from ..p2p import rank_device
+    from ..config import rank_device
     dev, used, cases = rank_device(), False, []
     for i, (shape, dtype) in enumerate(_AR_CASES):
         start = _input(shape, dtype, rank, dev)

@@ -66,13 +66,13 @@ def prediction_bubble(answer, p: int, m: int) -> None:
 
 
 def gpipe_loop(fn, world_size: int = 3, ms=(1, 4), timeout: float = 120.0) -> None:
-    """Run ``fn`` (the ``pipeline.gpipe_step`` contract) on ``world_size`` gloo ranks (CPU tensors,
+    """Run ``fn`` (the ``schedule.gpipe_step`` contract) on ``world_size`` gloo ranks (CPU tensors,
     whatever the machine, so the check reads the same everywhere) and compare the output and every
     stage's gradients with the one-device model (``torch.testing.assert_close``, float64)."""
     from ..launch import launch
-    from ..pipeline_bench import check_rank
+    from ..labs.lab04_pipeline.verify import against_one_device
     try:
-        results = launch(check_rank, fn, tuple(ms), world_size=world_size, backend="gloo",
+        results = launch(against_one_device, fn, tuple(ms), world_size=world_size, backend="gloo",
                          timeout=timeout, kwargs={"fallback": solution.gpipe_step})
     except RankTimeout:
         fail(f"your step did not finish within {timeout:g} s on {world_size} ranks",

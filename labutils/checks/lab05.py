@@ -5,6 +5,7 @@ a short timeout: a hang is a failed check, reported with what it means, not a fr
 """
 from __future__ import annotations
 
+from ..config import rank_device
 from ..errors import RankError, RankTimeout
 from ..solutions import lab05 as solution
 from . import fail, not_attempted, passed, say_not_attempted
@@ -41,15 +42,9 @@ def _head(e: RankError) -> str:
     return str(e).split(". HINT:")[0]
 
 
-def _device(rank):
-    import torch
-    import torch.distributed as dist
-    return torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def _run_checked(rank, world_size, fn):
     import torch
-    dev = _device(rank)
+    dev = rank_device()
     fine = fn(torch.full((4,), float(rank + 1), device=dev))
     odd = 5 if rank == world_size - 1 else 4  # the last rank's tensor has one element more
     try:
@@ -94,7 +89,7 @@ def _run_steps(rank, world_size, fn):
     import math
 
     import torch
-    dev = _device(rank)
+    dev = rank_device()
     grad = torch.full((4,), float(rank + 1), device=dev)
     fine = fn(rank, world_size, torch.tensor(1.0 + rank, device=dev), grad)
     nan_loss = math.nan if rank == world_size - 1 else 1.0  # only the last rank sees a NaN

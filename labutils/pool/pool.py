@@ -30,7 +30,8 @@ import weakref
 
 from .. import config as _config
 from ..errors import LaunchConfigError, RankError, RankTimeout
-from ..launch import _print_lines, default_config
+from ..launch import default_config
+from ..procs import print_rank_lines
 from . import protocol
 from .ranks import Ranks
 from .task import RESTARTED, Task
@@ -132,11 +133,11 @@ class RankPool:
             lines = ranks.start(self.start_timeout)
         except (RankError, RankTimeout):  # the ranks are killed already; show what they said
             if self.output != "quiet":
-                _print_lines(ranks.failed_output, True)
+                print_rank_lines(ranks.failed_output, True)
             raise
         self._holder[0] = ranks
         if lines and self.output != "quiet":
-            _print_lines(lines, True)
+            print_rank_lines(lines, True)
 
     def _kill(self) -> None:
         _shutdown(self._holder)

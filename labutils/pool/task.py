@@ -19,7 +19,7 @@ import pickle
 import time
 
 from ..errors import RankError
-from ..launch import _print_lines
+from ..procs import print_rank_lines
 from .ranks import Ranks
 
 STRAGGLER_GRACE_S = 2.0   # after a rank failed: time the others get to finish before SIGINT
@@ -115,7 +115,7 @@ class Task:
                 continue
             self.tails[event[1]].append(event[2])
             if self.output == "live":
-                _print_lines([event[1:]], False)
+                print_rank_lines([event[1:]], False)
             elif self.output == "grouped":
                 self.lines.append(event[1:])
 
@@ -127,7 +127,7 @@ class Task:
     def print_output(self) -> None:
         """Print what the ranks said during this task (grouped by rank, in rank order)."""
         if self.output == "grouped":
-            _print_lines(self.lines, True)
+            print_rank_lines(self.lines, True)
         self.lines = []
 
     def error(self, outcome: str) -> RankError:

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from .. import tp_comm
+from ..labs.lab02_tensor_parallel import comm
 
 
 def gather_rows_uneven(x: torch.Tensor, group=None) -> torch.Tensor:
     """Exercise 1: all-gather row blocks of different lengths, in rank order.
 
-    The four steps live in ``labutils.tp_comm.all_gather_uneven`` (read it there): all-gather
-    the row counts, pad every block to the longest, one ``all_gather_into_tensor``, drop the
-    padding.
+    The four steps live in ``labutils.labs.lab02_tensor_parallel.comm.all_gather_uneven`` (read
+    it there): all-gather the row counts, pad every block to the longest, one
+    ``all_gather_into_tensor``, drop the padding.
     """
-    return tp_comm.all_gather_uneven(x, group)
+    return comm.all_gather_uneven(x, group)
 
 
 def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor,
@@ -24,7 +24,7 @@ def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias
     columns ``B_i`` of the ``nn.Linear`` weight; the bias is added once, after the sum.
     """
     partial = x_shard @ weight_shard.T  # X_i B_i^T: this rank's term
-    return tp_comm.reduce_from_tp_region(partial, group) + bias  # g: all-reduce fwd, identity bwd
+    return comm.reduce_from_tp_region(partial, group) + bias  # g: all-reduce fwd, identity bwd
 
 
 def predict_allreduce_ms(tokens: int, hidden: int, bytes_per_element: int, fit) -> float:

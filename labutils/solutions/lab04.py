@@ -15,7 +15,8 @@ def gpipe_step(stage, x, target, loss_fn, n_microbatches, act_shape):
     """One GPipe step on this rank: all forwards (recv activation, run, send), then all backwards
     (recv gradient, backprop, send the input's gradient); each micro-batch's loss divided by m.
 
-    The code, with comments, is ``labutils.pipeline.gpipe_step`` (the lab's measurements use it).
+    The code, with comments, is ``labutils.labs.lab04_pipeline.schedule.gpipe_step`` (the lab's
+    measurements use it).
     """
-    from ..pipeline import gpipe_step as reference
+    from ..labs.lab04_pipeline.schedule import gpipe_step as reference
     return reference(stage, x, target, loss_fn, n_microbatches, act_shape)

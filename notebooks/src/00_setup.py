@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import bandwidth, copybw, hw, plots, recorded
+from labutils import bandwidth, hw, plots, procs, recorded
+from labutils.labs.lab00_setup import measure
 from labutils.checks import lab00 as check
 
 HW = hw.describe()
@@ -137,10 +138,7 @@ labutils.launch(never_arrives, world_size=2, backend=BACKEND, timeout=20)
 # Nothing is left behind: the ranks are gone (this check is the same on every machine).
 
 # %%
-import psutil
-
-leftovers = [p for p in psutil.Process().children(recursive=True) if "labutils._rank" in " ".join(p.cmdline())]
-print("rank processes still alive:", len(leftovers))
+print("rank processes still alive:", len(procs.leftover_ranks()))
 
 # %% [markdown]
 # ### What a launch costs
@@ -158,7 +156,7 @@ for _ in range(3):
     t0 = time.perf_counter()
     labutils.launch(noop, backend=BACKEND)
     launch_s.append(time.perf_counter() - t0)
-bare = copybw.process_start_s(labutils.default_config(verbose=False).world_size)
+bare = measure.process_start_s(labutils.default_config(verbose=False).world_size)
 print(f"one-shot launch ({BACKEND}): median {sorted(launch_s)[1]:.2f} s over 3 "
       f"(samples {', '.join(f'{s:.2f}' for s in launch_s)}); "
       f"bare process start + import torch: {bare['bare_start_s']:.2f} s")
@@ -183,8 +181,8 @@ my_prediction_gbps = None  # ✍ your number, GB/s, for a 1 GiB copy cuda:0 -> c
 
 # %% tags=["nbval-ignore-output"]
 SIZES = [2**k for k in range(12, 31, 2)]        # 4 KiB ... 1 GiB
-local = recorded.live_or_recorded("00_copy_local", lambda: copybw.measure_local(SIZES), gpus_needed=1)
-peer = recorded.live_or_recorded("00_copy_bandwidth", lambda: copybw.measure_peer(SIZES), gpus_needed=2)
+local = recorded.live_or_recorded("00_copy_local", lambda: measure.measure_local(SIZES), gpus_needed=1)
+peer = recorded.live_or_recorded("00_copy_bandwidth", lambda: measure.measure_peer(SIZES), gpus_needed=2)
 
 # %% tags=["nbval-ignore-output"]
 series = {**{k: v for k, v in local.data["gbps"].items()}, **{k: v for k, v in peer.data["gbps"].items()}}
@@ -204,9 +202,9 @@ def row(label, m, kind):
             f"1 GiB: {m.data['gbps'][kind][-1]:7.1f} GB/s   fit error <= {f['max_rel_err']:.0%}   [{m.label}]")
 
 
-for kind in copybw.LOCAL_KINDS:
+for kind in measure.LOCAL_KINDS:
     print(row(kind, local, kind))
-for kind in copybw.PEER_KINDS:
+for kind in measure.PEER_KINDS:
     print(row(kind, peer, kind))
 g = peer.data["gbps"]["cuda:0 -> cuda:1"][-1]
 print(f"\nGPU0 -> GPU1 at 1 GiB reaches {g:.0f} GB/s = {g / peak:.0%} of the {peak:.0f} GB/s NVLink peak; "

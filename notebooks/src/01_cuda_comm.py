@@ -23,9 +23,8 @@ import warnings
 
 import torch
 
-from labutils import bandwidth, cudacomm, hw, plots, recorded
-from labutils import cudacomm_analysis as analysis
-from labutils import cudacomm_bench as bench
+from labutils import bandwidth, hw, plots, recorded
+from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
 from labutils.checks import lab01 as check
 
 HW = hw.describe()
@@ -90,8 +89,8 @@ comm.broadcast(a, [c])
 # the same two checks raise on any machine, before anything reaches a GPU:
 
 # %%
-print(cudacomm.error_text(lambda: comm.broadcast(a, [c])))
-print(cudacomm.error_text(lambda: comm.broadcast(a, [0], out=[c])))
+print(verify.error_text(lambda: comm.broadcast(a, [c])))
+print(verify.error_text(lambda: comm.broadcast(a, [0], out=[c])))
 
 # %% [markdown]
 # **Mistake 3 — there is no `all_reduce` in `torch.cuda.comm`.** The single-process all-reduce
@@ -161,7 +160,7 @@ def run_source_programs():
     }
     one_gpu = torch.ones(3, device="cuda:0")
     return {"fixed": fixed, "optimised": optimised,
-            "nccl.all_reduce, both tensors on GPU 0": cudacomm.error_text(
+            "nccl.all_reduce, both tensors on GPU 0": verify.error_text(
                 lambda: nccl.all_reduce([one_gpu, one_gpu.clone()]))}
 
 
@@ -190,7 +189,7 @@ print("all_reduce with both tensors on one GPU:", SRC.data["nccl.all_reduce, bot
 # devices), so it falls back to `a + b`:
 
 # %%
-print("as written:", cudacomm.error_text(lambda: communication_function_optimised_as_written(a, b)))
+print("as written:", verify.error_text(lambda: communication_function_optimised_as_written(a, b)))
 for key, value in SRC.data["optimised"].items():
     print(f"{key}: {value}")
 
@@ -221,12 +220,12 @@ import inspect
 
 from IPython.display import Code
 
-Code(inspect.getsource(cudacomm.api_examples), language="python")
+Code(inspect.getsource(verify.api_examples), language="python")
 
 # %% tags=["nbval-ignore-output"]
-SETUP = cudacomm.gpu_setup() if LIVE else None   # every GPU of this machine
+SETUP = devices.gpu_setup() if LIVE else None   # every GPU of this machine
 API = recorded.live_or_recorded(
-    "01_api_examples", lambda: {"api": cudacomm.api_examples(SETUP), "rules": cudacomm.dtype_rules(SETUP)},
+    "01_api_examples", lambda: {"api": verify.api_examples(SETUP), "rules": verify.dtype_rules(SETUP)},
     gpus_needed=2)
 
 # %% [markdown]
@@ -234,7 +233,7 @@ API = recorded.live_or_recorded(
 # for values; devices, dtypes and shapes exactly):
 
 # %%
-api_lines = cudacomm.check_api(API.data["api"])
+api_lines = verify.check_api(API.data["api"])
 print("\n".join(api_lines))
 if any(not line.startswith("✓") for line in api_lines):
     raise AssertionError("some torch.cuda.comm results differ from their references (✗ above)")
@@ -245,7 +244,7 @@ if any(not line.startswith("✓") for line in api_lines):
 # PyTorch's type promotion:
 
 # %%
-print(cudacomm.error_text(lambda: comm.reduce_add([torch.ones(2), torch.ones(2)])))
+print(verify.error_text(lambda: comm.reduce_add([torch.ones(2), torch.ones(2)])))
 print("fp32 + fp16 promotes to", torch.result_type(torch.ones(1), torch.ones(1, dtype=torch.float16)))
 
 # %% [markdown]
@@ -254,7 +253,7 @@ print("fp32 + fp16 promotes to", torch.result_type(torch.ones(1), torch.ones(1, 
 
 # %% tags=["nbval-ignore-output"]
 if MODE != "cpu":
-    for key, value in cudacomm.one_device_examples(cudacomm.gpu_setup(1)).items():
+    for key, value in verify.one_device_examples(devices.gpu_setup(1)).items():
         print(f"{key}: {value}")
 else:
     print("No GPU here: torch.cuda.comm needs CUDA tensors. Everything between GPUs is shown from the "
@@ -267,7 +266,7 @@ else:
 # CPU-side operators and, through CUPTI, every kernel and memcpy on every GPU. `key_averages()`
 # summarises them; `export_chrome_trace()` writes a trace for Perfetto. We profile the corrected
 # program (on 1 Mi int64 elements, so that the transfers are visible), then each API call alone.
-# `bench.profile_kernels` does one warm-up call first: the first NCCL call creates the
+# `measure.profile_kernels` does one warm-up call first: the first NCCL call creates the
 # communicators, which you do not want in the profile.
 
 # %% tags=["nbval-ignore-output"]
@@ -278,11 +277,11 @@ TRACES.mkdir(parents=True, exist_ok=True)
 def profile_everything():
     a = torch.ones(1 << 20, dtype=torch.int64, device="cuda:0")
     b = torch.ones(1 << 20, dtype=torch.int64, device="cuda:1")
-    program = bench.profile_kernels(lambda: communication_function_fixed(a, b), SETUP,
+    program = measure.profile_kernels(lambda: communication_function_fixed(a, b), SETUP,
                                     trace_path=TRACES / "01_source_fixed.json", table_rows=15)
     x, y = torch.randn(32, 1000, device="cuda:0"), torch.randn(32, 1000, device="cuda:0")
     extra = {"source 'optimised' function": lambda: communication_function_optimised(x, y)}
-    return {"program": program, "ops": bench.profile_ops(SETUP, 4 << 20, extra=extra)}
+    return {"program": program, "ops": measure.profile_ops(SETUP, 4 << 20, extra=extra)}
 
 
 PROF = recorded.live_or_recorded("01_profile", profile_everything, gpus_needed=2)
@@ -335,7 +334,7 @@ for op, kernels in PROF.data["ops"].items():
 # **How we time.** One process drives all GPUs, so a sample records a CUDA event on *every* GPU's
 # current stream, runs `iters` calls back to back, records a second event on every GPU, and keeps
 # the slowest GPU's time / `iters` — the nccl-tests method with GPUs in place of ranks
-# (`bench.time_on_devices`). Warm-ups first, medians of several samples. The host's cost of a
+# (`measure.time_on_devices`). Warm-ups first, medians of several samples. The host's cost of a
 # call (Python, the NCCL group launch, allocating the output) is included: it is what you pay.
 #
 # ### 4.1 · Tip 1: "use larger data blocks"
@@ -353,7 +352,7 @@ my_prediction_peak_gbps = None  # ✍ your number, in GB/s
 
 # %% tags=["nbval-ignore-output"]
 SWEEP = recorded.live_or_recorded(
-    "01_bandwidth_sweep", lambda: dict(bench.sweep(SETUP), link_peak_gbps=HW.link_peak_gbps),
+    "01_bandwidth_sweep", lambda: dict(measure.sweep(SETUP), link_peak_gbps=HW.link_peak_gbps),
     gpus_needed=2)
 SIZES = SWEEP.data["sizes"]
 FITS = analysis.fits(SWEEP.data)
@@ -419,7 +418,7 @@ for case, rule in API.data["rules"].items():
 my_prediction_fp16_ratio = None  # ✍ your number (e.g. 1.0 = no gain)
 
 # %% tags=["nbval-ignore-output"]
-DT = recorded.live_or_recorded("01_dtype_costs", lambda: bench.dtype_costs(SETUP), gpus_needed=2)
+DT = recorded.live_or_recorded("01_dtype_costs", lambda: measure.dtype_costs(SETUP), gpus_needed=2)
 dt_ms = {k: v["median_ms"] for k, v in DT.data["cases"].items()}
 plots.bar_plot(list(dt_ms), list(dt_ms.values()), ylabel="time (ms)", annotate="{:.3f}",
                title=f"reduce_add of {DT.data['numel'] >> 20} Mi elements, GPU 1 -> GPU 0 [{DT.label}]")
@@ -453,7 +452,7 @@ print(f"a cast alone: {dt_ms['cast fp16 -> fp32 alone (GPU 1)']:.3f} ms  [{DT.la
 my_prediction_loop_over_coalesced = None  # ✍ your number
 
 # %% tags=["nbval-ignore-output"]
-MANY = recorded.live_or_recorded("01_many_small", lambda: bench.many_small(SETUP), gpus_needed=2)
+MANY = recorded.live_or_recorded("01_many_small", lambda: measure.many_small(SETUP), gpus_needed=2)
 counts = MANY.data["counts"]
 plots.line_plot(
     counts, {"loop of comm.broadcast": [t["median_ms"] for t in MANY.data["loop"]],
@@ -507,7 +506,7 @@ check.broadcast_many(my_broadcast_many)
 my_prediction_reduce_broadcast_ratio = None  # ✍ your number
 
 # %% tags=["nbval-ignore-output"]
-RED = recorded.live_or_recorded("01_redundant", lambda: bench.redundant(SETUP), gpus_needed=2)
+RED = recorded.live_or_recorded("01_redundant", lambda: measure.redundant(SETUP), gpus_needed=2)
 big = {case: t[-1]["median_ms"] for case, t in RED.data["cases"].items()}
 plots.bar_plot(list(big), list(big.values()), ylabel="time (ms)", annotate="{:.3f}",
                title=f"{bandwidth.format_size(RED.data['sizes'][-1])} per GPU [{RED.label}]")
@@ -570,7 +569,7 @@ def explore(log2_elements=20, dtype="float32", op="comm.broadcast", measure_now=
         fn = {"comm.broadcast": lambda: comm.broadcast(xs[0], SETUP.devices),
               "comm.reduce_add": lambda: comm.reduce_add(xs, destination=0),
               "x.to(peer)": lambda: xs[0].to("cuda:1")}[op]
-        t = bench.time_on_devices(fn, SETUP, **dict(zip(("warmup", "iters", "repeat"), bench.plan(size))))
+        t = measure.time_on_devices(fn, SETUP, **dict(zip(("warmup", "iters", "repeat"), measure.plan(size))))
         print(f"now:       {t.median_ms * 1e3:10.1f} us  ({t})")
     elif measure_now:
         print("measure now needs >= 2 GPUs; this machine has", len(HW.gpus))

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import bandwidth, hw, plots, recorded, tp_bench, tp_comm
-from labutils import tensor_parallel as tpl    # Megatron layers + cost model (`tensor_parallel` is the source's function)
+from labutils import bandwidth, compat, hw, plots, recorded
+from labutils.labs.lab02_tensor_parallel import comm, cost_model, measure, verify
 from labutils.checks import lab02 as check
 
 HW = hw.describe()
@@ -168,7 +168,7 @@ print(PORT_ERROR.remote_message)
 # ### The fixed program, verified
 # Four fixes: the data lives on the group's device; every rank draws the **same** tensor (a seeded
 # generator); the rows are split with `torch.tensor_split` (balanced, always `world_size` parts; section 4
-# says why) and gathered with `tp_comm.all_gather_uneven`, which pads when the rows do not divide; and it
+# says why) and gathered with `comm.all_gather_uneven`, which pads when the rows do not divide; and it
 # prints a check instead of the tensor. The rendezvous is `labutils`' job. We run it for 1000 rows (the
 # source's case) and for 999 (uneven):
 
@@ -180,7 +180,7 @@ def tensor_parallel_fixed(rank, world_size, seed=0):
         tensor = torch.randn(rows, 1000, generator=gen).to(device)
         local_tensor = torch.tensor_split(tensor, world_size, dim=0)[rank]
         result = local_tensor * 2
-        final_result = tp_comm.all_gather_uneven(result)          # pads to the longest block
+        final_result = comm.all_gather_uneven(result)          # pads to the longest block
         print(f"{rows} x 1000: gathered == 2 x the original tensor: {torch.equal(final_result, 2 * tensor)}")
 
 
@@ -209,7 +209,7 @@ _ = labutils.launch(tensor_parallel_fixed, backend=BACKEND)
 # your list (`ProcessGroupNCCL::allgather`); `all_gather_into_tensor` writes straight into your tensor.
 # `reduce_scatter` is the conjugate of all-gather, and an all-reduce is exactly a reduce-scatter followed by
 # an all-gather — hence its factor 2(n−1)/n. (PyTorch ≥ 2.13 renames the two `_tensor` functions
-# `all_gather_single` / `reduce_scatter_single`; `tp_comm` calls whichever your torch has.)
+# `all_gather_single` / `reduce_scatter_single`; `labutils.compat` calls whichever your torch has.)
 #
 # **Predict:** the NVLink peak of an H200 is 478 GB/s per direction. What busbw will `all_gather_into_tensor`
 # reach at 1 GiB on 2×H200?
@@ -222,7 +222,7 @@ SWEEP_SIZES = bandwidth.size_sweep(4 * 2**10, 2**30, 4)      # 4 KiB ... 1 GiB
 
 
 def measure_collectives():
-    data = labutils.launch(tp_bench.collective_sweep, SWEEP_SIZES, backend="nccl", timeout=300)[0]
+    data = labutils.launch(measure.collective_sweep, SWEEP_SIZES, backend="nccl", timeout=300)[0]
     return dict(data, link_peak_gbps=HW.link_peak_gbps)
 
 
@@ -280,7 +280,7 @@ my_prediction_object_slowdown = None  # ✍ your number (a ratio)
 OBJECT_SIZES = [4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20]
 OBJ = recorded.live_or_recorded(
     "02_object_vs_tensor",
-    lambda: labutils.launch(tp_bench.object_vs_tensor, OBJECT_SIZES, backend="nccl", timeout=300)[0],
+    lambda: labutils.launch(measure.object_vs_tensor, OBJECT_SIZES, backend="nccl", timeout=300)[0],
     gpus_needed=2)
 rows = OBJ.data["rows"]
 osz = [r["size_bytes"] for r in rows]
@@ -349,7 +349,7 @@ def uneven_source_style(rank, world_size):
     except RuntimeError as e:
         shapes = re.findall(r"TensorShape=\[([\d, ]+)\]", str(e))
         verdict = f"caught a mismatch: {'Detected mismatch' in str(e)}, shapes {shapes}"
-    padded = tp_comm.all_gather_uneven(result)
+    padded = comm.all_gather_uneven(result)
     return f"source-style all_gather: {verdict}; padded all_gather == 2 x tensor: {torch.equal(padded, 2 * tensor)}"
 
 
@@ -374,13 +374,13 @@ my_prediction_step_ratio = None  # ✍ your number (a ratio)
 # %% tags=["nbval-ignore-output"]
 FACTORS = [1, 1.25, 1.5, 2, 3, 4]
 PART = recorded.live_or_recorded(
-    "02_partitions", lambda: labutils.launch(tp_bench.partitions, FACTORS, backend="nccl", timeout=300)[0],
+    "02_partitions", lambda: labutils.launch(measure.partitions, FACTORS, backend="nccl", timeout=300)[0],
     gpus_needed=2)
 for backend, outcome in PART.data["uneven_list"].items():
     print(f"[{PART.label}] all_gather into a list of unequal tensors, {backend:>5}: {outcome}")
 if not PART.live:
     print(f"[live: this machine] all_gather into a list of unequal tensors,  gloo: "
-          f"{labutils.launch(tp_bench.uneven_list_gather, backend='gloo', world_size=2)[0]['gloo']}")
+          f"{labutils.launch(verify.uneven_list_gather, backend='gloo', world_size=2)[0]['gloo']}")
 d = PART.data["imbalance"]
 step = [max(s) for s in d["step_ms"]]
 unit, gather1 = d["compute_ms"][0][1], d["all_gather_ms"][0][1]
@@ -422,8 +422,8 @@ print(f"\nk = 4 makes the step {IMB_RATIO:.2f}x longer; rank 1 spends {d['all_ga
 #   all-reduces `dL/dX` (each rank holds only its part of it).
 #
 # So a forward pass moves `tokens × hidden` elements once, however large the 4 × hidden inner layer is. The
-# code is in `labutils/tensor_parallel.py` (`ColumnParallelLinear`, `RowParallelLinear`,
-# `TensorParallelMLP`), the autograd-aware communication in `labutils/tp_comm.py` (`copy_to_tp_region` = f,
+# code is in `labutils/labs/lab02_tensor_parallel/layers.py` (`ColumnParallelLinear`, `RowParallelLinear`,
+# `TensorParallelMLP`), the autograd-aware communication in `comm.py` beside it (`copy_to_tp_region` = f,
 # `reduce_from_tp_region` = g). `ColumnParallelLinear(gather_output=True)` is the source's pattern done right:
 # all-gather of a column-split output.
 #
@@ -432,7 +432,7 @@ print(f"\nk = 4 makes the step {IMB_RATIO:.2f}x longer; rank 1 spends {d['all_ga
 # `torch.testing.assert_close` (in float64, so that rounding cannot hide a bug):
 
 # %%
-VERIFY = labutils.launch(tp_bench.verify_mlp, backend=BACKEND, output="quiet",
+VERIFY = labutils.launch(verify.verify_mlp, backend=BACKEND, output="quiet",
                          kwargs=dict(hidden=64, ffn_hidden=840, tokens=8))   # 840: divisible by 1..8 ranks
 for name, verdict in VERIFY[0].items():
     print(f"{name:<26} {verdict}")
@@ -452,7 +452,7 @@ TOKENS = 4096
 
 def measure_tp_mlp():
     n = 1 << (len(HW.gpus).bit_length() - 1)   # a power of two, so that it divides every 4 x hidden
-    rows = labutils.launch(tp_bench.tp_mlp_sweep, HIDDENS, world_size=n, backend="nccl", timeout=400,
+    rows = labutils.launch(measure.tp_mlp_sweep, HIDDENS, world_size=n, backend="nccl", timeout=400,
                            kwargs=dict(tokens=TOKENS))[0]          # rank 0's baseline, on its own GPU
     return {"world_size": n, "rows": rows}
 
@@ -463,7 +463,7 @@ ar = OPS["all_reduce"]
 FIT = bandwidth.fit_alpha_beta(ar["size_bytes"], ar["time_ms"])      # section 2's all_reduce sweep
 hs = [r["hidden"] for r in TP.data["rows"]]
 speed = {m: [r[f"one_gpu_{m}_ms"] / r[f"tp_{m}_ms"] for r in TP.data["rows"]] for m in ("fwd", "train")}
-model = {m: [r[f"one_gpu_{m}_ms"] / tpl.tp_step_ms(r[f"one_gpu_{m}_ms"], N_TP, FIT.predict_ms(r["allreduce_bytes"]),
+model = {m: [r[f"one_gpu_{m}_ms"] / cost_model.tp_step_ms(r[f"one_gpu_{m}_ms"], N_TP, FIT.predict_ms(r["allreduce_bytes"]),
                                                         1 if m == "fwd" else 2) for r in TP.data["rows"]]
          for m in ("fwd", "train")}
 star = (hs[-1], my_prediction_speedup) if my_prediction_speedup else None
@@ -527,7 +527,7 @@ else:
 # capstone (lab 06) to predict from its own fits:
 
 # %% tags=["nbval-ignore-output"]
-SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: tpl.comm_summary(TP.data["rows"], N_TP),
+SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: cost_model.comm_summary(TP.data["rows"], N_TP),
                                     gpus_needed=2)
 for op in SUMMARY.data["ops"]:
     print(f"{op['what']:<52} {op['size_bytes']:>10} B  {op['measured_ms'] * 1e3:8.1f} us of a {op['step_ms']:.3f} ms step")
@@ -538,7 +538,7 @@ for op in SUMMARY.data["ops"]:
 # ### Exercise 1 — all-gather blocks of different lengths
 # Write `my_gather_rows_uneven(x, group)`: `x` is this rank's block of rows (the counts differ between ranks,
 # a rank may have none); return every rank's rows concatenated in rank order, on every rank. Use one
-# `tp_comm.all_gather_into_tensor(output, input, group)` for the data (plus whatever small collective you
+# `compat.all_gather_into_tensor(output, input, group)` for the data (plus whatever small collective you
 # need first). The checker runs it on 3 gloo ranks.
 
 # %%
@@ -554,7 +554,7 @@ check.gather_rows_uneven(my_gather_rows_uneven)
 # Write the forward of `RowParallelLinear`: `x_shard` is this rank's slice `X_i` of the input features,
 # `weight_shard` the matching columns `B_i` of the `nn.Linear` weight (`[out, in / p]`), `bias` the full bias.
 # Return `Z = Σ_i X_i B_iᵀ + b` on every rank, with correct gradients for `x_shard`, `weight_shard` and `bias`.
-# Hint: `tp_comm.reduce_from_tp_region` is Megatron's `g`. (Beware `torch.distributed.nn.functional.all_reduce`:
+# Hint: `comm.reduce_from_tp_region` is Megatron's `g`. (Beware `torch.distributed.nn.functional.all_reduce`:
 # its backward all-reduces the gradient again, which is wrong here — the checker will tell you why.)
 
 # %%
@@ -604,13 +604,13 @@ import ipywidgets as widgets
 from IPython.display import display
 
 big = TP.data["rows"][-1]
-MEASURED_TFLOPS = tpl.mlp_flops(big["tokens"], big["hidden"], big["ffn_hidden"], train=True) / (
+MEASURED_TFLOPS = cost_model.mlp_flops(big["tokens"], big["hidden"], big["ffn_hidden"], train=True) / (
     big["one_gpu_train_ms"] * 1e-3) / 1e12
 
 
 def explore(tokens=TP_TOKENS, world_size=2, tflops=round(MEASURED_TFLOPS), overhead_us=20.0, train=True):
     grid = [2**k for k in range(7, 16)]
-    pred = [tpl.speedup_model(h, tokens, world_size, tflops, FIT.alpha_us, FIT.beta_gbps,
+    pred = [cost_model.speedup_model(h, tokens, world_size, tflops, FIT.alpha_us, FIT.beta_gbps,
                                    overhead_us=overhead_us, train=train) for h in grid]
     fig = plots.line_plot(grid, {"model": pred}, xlabel="hidden size", ylabel=f"speedup, {world_size} GPUs vs 1",
                           logx=True, dashed=["model"], hline=(1.0, "break-even"),

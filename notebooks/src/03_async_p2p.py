@@ -21,7 +21,9 @@
 
 # %% tags=["nbval-ignore-output"]
 import labutils, torch, torch.distributed as dist
-from labutils import hw, recorded, timing, bandwidth, plots, p2p, p2p_bench, overlap
+from labutils import hw, procs, recorded, timing, bandwidth, plots
+from labutils.labs.lab03_async_p2p import exchange, hang, measure, overlap, wait
+from labutils.solutions import lab03 as solution
 from labutils.checks import lab03 as check
 HW = hw.describe(); MODE = HW.mode
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"   # pass backend=BACKEND explicitly in checked cells
@@ -57,8 +59,8 @@ RING_SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]   # gathered byte
 # print(final_result)
 # ```
 #
-# `labutils.p2p.source_as_written` is this code verbatim; only `print(final_result)` is replaced by
-# checksums the notebook can compare. Before running it, predict:
+# `exchange.source_as_written` (in `labutils/labs/lab03_async_p2p/`) is this code verbatim; only
+# `print(final_result)` is replaced by checksums the notebook can compare. Before running it, predict:
 
 # %%
 my_prediction_rows = None    # ✍ rows of final_result on each rank with 2 ranks (a number)
@@ -71,7 +73,7 @@ my_prediction_hangs = None   # ✍ True or False: does the exchange hang under N
 
 # %% tags=["nbval-ignore-output"]
 def run_source_on_nccl():
-    return p2p.try_launch(p2p.source_as_written, backend="nccl", world_size=2, timeout=30, output="quiet")
+    return hang.try_launch(exchange.source_as_written, backend="nccl", world_size=2, timeout=30, output="quiet")
 
 src_nccl = recorded.live_or_recorded("03_source_on_nccl", run_source_on_nccl, gpus_needed=2)
 print(f"source as written under NCCL -> {src_nccl.data['status']}: {src_nccl.data['message']}")
@@ -83,8 +85,8 @@ print(f"source as written under NCCL -> {src_nccl.data['status']}: {src_nccl.dat
 # written" if it equals nobody's.
 
 # %%
-src_gloo = labutils.launch(p2p.source_as_written, backend="gloo", world_size=2, output="quiet")
-src_findings = p2p.diagnose_source(src_gloo)
+src_gloo = labutils.launch(exchange.source_as_written, backend="gloo", world_size=2, output="quiet")
+src_findings = exchange.diagnose_source(src_gloo)
 print("completed on gloo (isend to every peer, then irecv from every peer): True")
 print("\n".join(src_findings))
 print(f"your prediction: {my_prediction_rows} rows")
@@ -103,12 +105,12 @@ print(f"your prediction: {my_prediction_rows} rows")
 #   does with that:
 
 # %% tags=["nbval-ignore-output"]
-three = p2p.try_launch(p2p.source_as_written, backend="gloo", world_size=3, timeout=30, output="quiet")
+three = hang.try_launch(exchange.source_as_written, backend="gloo", world_size=3, timeout=30, output="quiet")
 print(f"source as written, gloo, 3 ranks -> {three['status']}: {three['message'].split('. HINT')[0]}")
 
 # %% [markdown]
 # ### 1c · The order of isend and irecv can deadlock NCCL
-# With the tensors moved to the GPUs (`labutils.p2p.source_exchange_traced`: the same exchange on
+# With the tensors moved to the GPUs (`hang.source_exchange_traced`: the same exchange on
 # CUDA tensors), every rank posts its sends and *then* its receives. Each rank writes every step it
 # reaches to a small log file, so that even a killed rank tells us how far it got. After the
 # exchange it polls the requests (`is_completed()`, which never blocks), issues one `all_reduce`,
@@ -119,12 +121,12 @@ print(f"source as written, gloo, 3 ranks -> {three['status']}: {three['message']
 # `init_process_group`) and with PyTorch's default lazy one (`init="lazy"`).
 
 # %% tags=["nbval-ignore-output"]
-hang = recorded.live_or_recorded(
-    "03_nccl_hang", lambda: p2p.hang_demo(timeout_s=HANG_TIMEOUT_S, inits=("eager", "lazy")), gpus_needed=2)
+hang_runs = recorded.live_or_recorded(
+    "03_nccl_hang", lambda: hang.hang_demo(timeout_s=HANG_TIMEOUT_S, inits=("eager", "lazy")), gpus_needed=2)
 for init in ("eager", "lazy"):
-    outcome = hang.data[init]
-    print(p2p.hang_verdict(outcome))
-    print("\n".join("    " + line for line in p2p.describe_steps(outcome)))
+    outcome = hang_runs.data[init]
+    print(hang.hang_verdict(outcome))
+    print("\n".join("    " + line for line in hang.describe_steps(outcome)))
     print(f"    launch cost: {outcome['elapsed_s']:.1f} s for a {outcome['timeout_s']:g} s timeout")
 print(f"your prediction (hangs?): {my_prediction_hangs}")
 
@@ -132,7 +134,7 @@ print(f"your prediction (hangs?): {my_prediction_hangs}")
 # No rank process survives a launch, hung or not:
 
 # %%
-print(f"labutils rank processes still alive: {len(p2p.leftover_ranks())}")
+print(f"labutils rank processes still alive: {len(procs.leftover_ranks())}")
 
 # %% [markdown]
 # **Why it can hang, and when it does not.** Read the verdicts above for what happened here; this is
@@ -168,9 +170,9 @@ print(f"labutils rank processes still alive: {len(p2p.leftover_ranks())}")
 
 # %% [markdown]
 # ### 1d · Three fixes, verified
-# Every rank now draws the *same* seeded tensor (`p2p.source_input`), the tensors live on the rank's
+# Every rank now draws the *same* seeded tensor (`exchange.source_input`), the tensors live on the rank's
 # device, the buffers have each sender's chunk size, and the pieces are concatenated in rank order.
-# The exchange itself, three ways (read them with `p2p.gather_ordered??` etc.):
+# The exchange itself, three ways (read them with `exchange.gather_ordered??` etc.):
 # * **ordered send/recv**: pairs `(i, j)`, `i < j`, in one global order; the lower rank sends first,
 #   the higher rank receives first, so every send meets a receive that is already posted;
 # * **`batch_isend_irecv` with `P2POp`**: all sends and receives of a rank in one batch, one
@@ -182,8 +184,8 @@ print(f"labutils rank processes still alive: {len(p2p.leftover_ranks())}")
 # (same output under gloo and NCCL):
 
 # %%
-fixes = labutils.launch(p2p.fixed_versions, backend=BACKEND, output="quiet")
-print("\n".join(p2p.report_fixes(fixes)))
+fixes = labutils.launch(exchange.fixed_versions, backend=BACKEND, output="quiet")
+print("\n".join(exchange.report_fixes(fixes)))
 
 # %% [markdown]
 # ## 2 · What `wait()` really guarantees
@@ -195,7 +197,7 @@ print("\n".join(p2p.report_fixes(fixes)))
 #   whatever was there before;
 # * writing a send buffer before the send has completed changes what the peer receives.
 #
-# `overlap.wait_semantics_gloo` and `overlap.wait_semantics_nccl` run both, on purpose, between
+# `wait.wait_semantics_gloo` and `wait.wait_semantics_nccl` run both, on purpose, between
 # ranks 0 and 1; the sender's data is ready only after a delay (0.3 s on gloo, a 100 ms GPU sleep
 # under NCCL).
 
@@ -206,7 +208,7 @@ my_prediction_wait_ms = None   # ✍ ms the receiver's host spends inside req.wa
 # gloo, live on every machine:
 
 # %%
-gw = labutils.launch(overlap.wait_semantics_gloo, backend="gloo", world_size=2, output="quiet")[1]
+gw = labutils.launch(wait.wait_semantics_gloo, backend="gloo", world_size=2, output="quiet")[1]
 print(f"gloo: wait() blocked the host until the data arrived: {gw['wait_ms'] >= 150}")
 print(f"gloo: a copy of the receive buffer taken before wait() holds the old zeros: {gw['early_read_stale']}")
 print(f"gloo: after wait() the buffer holds the data: {gw['after_wait_ok']}")
@@ -217,7 +219,7 @@ print(f"gloo: writing the send buffer before wait() changed what arrived: {gw['s
 
 # %% tags=["nbval-ignore-output"]
 def run_wait_nccl():
-    return labutils.launch(overlap.wait_semantics_nccl, backend="nccl", world_size=2, output="quiet")[1]
+    return labutils.launch(wait.wait_semantics_nccl, backend="nccl", world_size=2, output="quiet")[1]
 
 w = recorded.live_or_recorded("03_wait_nccl", run_wait_nccl, gpus_needed=2)
 wd = w.data
@@ -363,9 +365,9 @@ my_prediction_ring_busbw = None   # ✍ GB/s bus bandwidth of your ring at 256 M
 
 # %% tags=["nbval-ignore-output"]
 def run_ring_vs_nccl():
-    out = labutils.launch(p2p.ring_vs_collective, ring_all_gather_fn, RING_SIZES, backend="nccl",
+    out = labutils.launch(measure.ring_vs_collective, ring_all_gather_fn, RING_SIZES, backend="nccl",
                           output="quiet")[0]
-    return {**out, "implementation": "reference solution" if ring_all_gather_fn is p2p.ring_all_gather else "yours"}
+    return {**out, "implementation": "reference solution" if ring_all_gather_fn is solution.ring_all_gather else "yours"}
 
 ring = recorded.live_or_recorded("03_ring_vs_nccl", run_ring_vs_nccl, gpus_needed=2)
 rd = ring.data
@@ -427,7 +429,7 @@ rows = [
     ("The example program works (implied)",
      f"**{works}.** NCCL: {src_nccl.data['status']} ({src_nccl.data['message'].split('. HINT')[0]}); "
      f"with GPU tensors, send-all-then-receive-all: "
-     + "; ".join(f"{k} init {hang.data[k]['status']}" for k in ("eager", "lazy"))
+     + "; ".join(f"{k} init {hang_runs.data[k]['status']}" for k in ("eager", "lazy"))
      + f"; on gloo the result is {tuple(src_gloo[0]['shape'])} instead of (1000, 1000)"
      + ("; it contains a block no receive wrote" if any("never written" in f for f in src_findings) else "")
      + ("; the ranks' random tensors differ" if src_findings[-1].endswith("False") else "")
@@ -441,7 +443,7 @@ rows = [
      f"**{grade(mm_ar['efficiency'])} for NCCL all_reduce** (E = {mm_ar['efficiency']:+.2f} with a matmul)"
      + (f"; **{grade(mm_copy['efficiency']).lower()} for a copy-engine copy** (E = {mm_copy['efficiency']:+.2f})"
         if mm_copy else "") + "."),
-    ("Use an efficient library such as NCCL (source, 4.2)", p2p_bench.library_verdict(rd)),
+    ("Use an efficient library such as NCCL (source, 4.2)", measure.library_verdict(rd)),
 ]
 Markdown("| claim | verdict (measured) |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
          + f"\n\nMeasurements: {ov.label}.")

@@ -26,8 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import labutils
-from labutils import bandwidth, hw, pipeline, plots, recorded
-from labutils import pipeline_bench as pb
+from labutils import bandwidth, hw, plots, recorded
+from labutils.labs.lab04_pipeline import measure, model, pipelining, verify
+from labutils.labs.lab04_pipeline import schedule as pipeline   # stages, bubble, schedules, the GPipe loop
 from labutils.checks import lab04 as check
 
 HW = hw.describe()
@@ -74,9 +75,9 @@ print("8 blocks on 2 devices:", pipeline.partition(8, 2), "| on 3:", pipeline.pa
 
 # %%
 DEVICES = {"multi-gpu": ["cuda:0", "cuda:1"], "single-gpu": ["cuda:0", "cuda:0"], "cpu": ["cpu", "cpu"]}[MODE]
-S = pb.SMALL
-blocks = pb.make_blocks(S["n_layers"], S["hidden"], device=DEVICES[0], dtype=torch.float64)
-x, y = pb.make_batch(S["rows"], S["hidden"], device=DEVICES[0], dtype=torch.float64)
+S = verify.SMALL
+blocks = model.make_blocks(S["n_layers"], S["hidden"], device=DEVICES[0], dtype=torch.float64)
+x, y = model.make_batch(S["rows"], S["hidden"], device=DEVICES[0], dtype=torch.float64)
 one_device = nn.Sequential(*copy.deepcopy(blocks))
 split = SplitModel(blocks, DEVICES)
 
@@ -101,11 +102,11 @@ print(f"split over {len(DEVICES)} devices == one device: output True, gradients 
 my_prediction_naive_speedup = None  # ✍ your number, e.g. 2.0 for twice as fast
 
 # %% [markdown]
-# **Measure.** `pb.measure_one_process` times the one-GPU step (`timing.benchmark`, CUDA events, median of 8)
+# **Measure.** `measure.measure_one_process` times the one-GPU step (`timing.benchmark`, CUDA events, median of 8)
 # and the split step, with CUDA events around each stage's forward and backward on its own GPU.
 
 # %% tags=["nbval-ignore-output"]
-naive = recorded.live_or_recorded("04_naive_one_process", pb.measure_one_process, gpus_needed=2)
+naive = recorded.live_or_recorded("04_naive_one_process", measure.measure_one_process, gpus_needed=2)
 nd = naive.data
 naive_bubble = pipeline.bubble_from_spans(nd["spans"])
 print(f"one GPU: {nd['one_gpu_ms']:.1f} ms/step   naive model parallelism over {' + '.join(nd['devices'])}: "
@@ -154,8 +155,8 @@ def naive_send_recv(stage, x, target, loss_fn, n_microbatches, act_shape):
 
 
 # Each rank builds the model, runs its stage, and compares with the one-device model computed on the same rank.
-results = labutils.launch(pb.check_rank, naive_send_recv, (1,), backend=BACKEND, output="quiet")
-pb.summarize_check(results, "naive send/recv")
+results = labutils.launch(verify.against_one_device, naive_send_recv, (1,), backend=BACKEND, output="quiet")
+verify.report(results, "naive send/recv")
 
 # %% [markdown]
 # The timeline of this version is the one of part 1 (it is the GPipe sweep's m = 1 point below): rank 1
@@ -194,7 +195,7 @@ check.bubble_fraction(my_bubble_fraction)
 # %%
 bubble_fn = check.usable_bubble(my_bubble_fraction)
 print(f"predicted bubble with p = {WS} stages:",
-      ", ".join(f"m = {m}: {bubble_fn(WS, m):.1%}" for m in pb.BENCH["ms"]))
+      ", ".join(f"m = {m}: {bubble_fn(WS, m):.1%}" for m in measure.BENCH["ms"]))
 
 # %% [markdown]
 # **Predict.** On the reference machine (p = 2), what bubble will we *measure* at m = 8 (a fraction), and
@@ -227,7 +228,7 @@ def my_gpipe_step(stage, x, target, loss_fn, n_microbatches, act_shape):
 check.gpipe_loop(my_gpipe_step)
 
 # %% [markdown]
-# **Measure.** One launch does all of part 3's and part 4's measurements (`pb.measure_rank`, on every rank):
+# **Measure.** One launch does all of part 3's and part 4's measurements (`measure.measure_rank`, on every rank):
 # the GPipe step (`pipeline.gpipe_step`, the reference solution of exercise 2) for m = 1, 2, 4, 8, 16, one-way
 # send/recv times of the messages, peak memory, and torch's schedules.
 #
@@ -240,7 +241,7 @@ check.gpipe_loop(my_gpipe_step)
 
 # %% tags=["nbval-ignore-output"]
 def measure_pipeline():
-    return pb.merge(labutils.launch(pb.measure_rank, pb.BENCH, backend=BACKEND, timeout=400), pb.BENCH)
+    return measure.merge(labutils.launch(measure.measure_rank, measure.BENCH, backend=BACKEND, timeout=400), measure.BENCH)
 
 
 bench = recorded.live_or_recorded("04_pipeline_bench", measure_pipeline, gpus_needed=2)
@@ -334,7 +335,7 @@ for i, m in enumerate(ms):
 # The messages are recorded for lab 06, which predicts their times from the alpha–beta fits of the benchmark:
 
 # %% tags=["nbval-ignore-output"]
-comm = recorded.live_or_recorded("04_comm_summary", lambda: pb.comm_summary(B), gpus_needed=2)
+comm = recorded.live_or_recorded("04_comm_summary", lambda: measure.comm_summary(B), gpus_needed=2)
 for op in comm.data["ops"]:
     print(f"{op['what']:<62} {bandwidth.format_size(op['size_bytes']):>8} x{op['count_per_step']:<3} "
           f"{op['measured_ms']:.3f} ms (step {op['step_ms']:.1f} ms)")
@@ -354,23 +355,23 @@ for op in comm.data["ops"]:
 # else:                           schedule.step()
 # ```
 #
-# (`pb.make_schedule` / `pb.run_schedule`.) Torch divides the accumulated gradients by m (`scale_grads=True`),
+# (`pipelining.make_schedule` / `pipelining.run_schedule`.) Torch divides the accumulated gradients by m (`scale_grads=True`),
 # which is our loss / m. **1F1B** (PipeDream-Flush, Narayanan et al. 2021) runs p − s forwards on stage s, then
 # alternates one backward and one forward: same bubble as GPipe, but stage s holds at most p − s micro-batches'
 # activations instead of m. Are they the same model as ours? Checked on `WS` ranks, m = p and 2p:
 
 # %%
-SCHEDULES = pb.available_schedules()
+SCHEDULES = pipelining.available_schedules()
 
 
 def check_schedules(rank, world_size, names, ms):
-    return {name: pb.check_rank(rank, world_size, functools.partial(pb.torch_schedule_step, schedule=name), ms)
+    return {name: verify.against_one_device(rank, world_size, functools.partial(pipelining.torch_schedule_step, schedule=name), ms)
             for name in names}
 
 
 results = labutils.launch(check_schedules, SCHEDULES, (WS, 2 * WS), backend=BACKEND, output="quiet")
 for name in SCHEDULES:
-    pb.summarize_check([r[name] for r in results], f"torch.distributed.pipelining {name}")
+    verify.report([r[name] for r in results], f"torch.distributed.pipelining {name}")
 
 # %% [markdown]
 # **Peak memory per GPU.** `torch.cuda.max_memory_allocated` during one step, above what was allocated before

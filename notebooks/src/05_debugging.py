@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import debugging, hw, recorded
+from labutils import debugging, hw, procs, recorded
 from labutils.checks import lab05 as check
 
 HW = hw.describe()
@@ -520,10 +520,9 @@ check.guarded_step(my_guarded_step)
 # started; the rendezvous stores are closed.
 
 # %%
-me = psutil.Process()
-left = [p for p in me.children(recursive=True) if "labutils" in " ".join(p.cmdline())]
-listening = {c.laddr for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN} - LISTENING_BEFORE
-print(f"rank processes still alive: {len(left)}; sockets this kernel opened and still listens on: {len(listening)}")
+listening = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN} - LISTENING_BEFORE
+print(f"rank processes still alive: {len(procs.leftover_ranks())}; "
+      f"sockets this kernel opened and still listens on: {len(listening)}")
 
 # %% [markdown]
 # ## Checklist for the next hang

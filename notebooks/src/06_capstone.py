@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import bandwidth, bench_ops, bench_report, hw, plots, recorded
+from labutils import bandwidth, hw, plots, recorded
+from labutils.bench import ops, report, sweep
+from labutils.bench.config import FORMS, BenchConfig
 from labutils.bandwidth import format_size
 from labutils.checks import lab06 as check
 
@@ -77,7 +79,7 @@ for op in bandwidth.OPS:
 # mistake (`dist.all_reduce(x.float())` on a half tensor does the same): it runs, returns, and changes nothing.
 
 # %%
-CHECK_CFG = bench_ops.BenchConfig(minbytes=64, maxbytes=4096, stepfactor=4, timed=False, latency=False)
+CHECK_CFG = BenchConfig(minbytes=64, maxbytes=4096, stepfactor=4, timed=False, latency=False)
 
 
 def reduce_a_copy(case):
@@ -86,8 +88,8 @@ def reduce_a_copy(case):
 
 
 def correctness(rank, world_size):
-    rows = bench_ops.sweep(rank, world_size, CHECK_CFG)["rows"]
-    buggy = bench_ops.check_one(rank, world_size, "all_reduce", 1024, run=reduce_a_copy)
+    rows = sweep.sweep(rank, world_size, CHECK_CFG)["rows"]
+    buggy = ops.verify_one(rank, world_size, "all_reduce", 1024, run=reduce_a_copy)
     return rows, buggy
 
 
@@ -95,7 +97,7 @@ rows, buggy = labutils.launch(correctness, backend=BACKEND)[0]
 world = labutils.default_config(verbose=False).world_size
 for coll in bandwidth.OPS:
     mine = [r for r in rows if r["collective"] == coll]
-    print(f"{coll:<15} {' + '.join(bench_ops.FORMS[coll]):<25} {len(mine):2d} results, "
+    print(f"{coll:<15} {' + '.join(FORMS[coll]):<25} {len(mine):2d} results, "
           f"{sum(r['wrong'] for r in mine)} wrong elements")
 print(f"\nbuggy all_reduce (sums a copy): every element on every rank is wrong: "
       f"{buggy == world * 1024 // 4} (#wrong = world_size x 256 floats)")
@@ -119,24 +121,24 @@ my_prediction_latency_us = None  # ✍ time of an 8-byte all_reduce, in µs
 # cell on 2×H200 is shown, labelled.
 
 # %% tags=["nbval-ignore-output"]
-SWEEP_CFG = bench_ops.BenchConfig(minbytes=8, maxbytes=512 * 2**20, stepfactor=4, repeat=3)
+SWEEP_CFG = BenchConfig(minbytes=8, maxbytes=512 * 2**20, stepfactor=4, repeat=3)
 
 
 def measure_sweep():
-    result = labutils.launch(bench_ops.sweep, SWEEP_CFG, timeout=300)[0]
+    result = labutils.launch(sweep.sweep, SWEEP_CFG, timeout=300)[0]
     return {**result, "link_peak_gbps": HW.link_peak_gbps}
 
 
 SWEEP = recorded.live_or_recorded("06_bench_sweep", measure_sweep, gpus_needed=2)
-DOC = bench_report.make_doc(SWEEP.data, fingerprint=SWEEP.fingerprint,
+DOC = report.make_doc(SWEEP.data, fingerprint=SWEEP.fingerprint,
                             link_peak_gbps=SWEEP.data.get("link_peak_gbps"), command="notebook 06",
                             recorded_at=SWEEP.recorded_at)
 N = DOC["meta"]["world_size"]
 LINK = DOC["link_peak_gbps"]
-print("\n".join(bench_report.table_lines(DOC)))
+print("\n".join(report.table_lines(DOC)))
 
 # %% tags=["nbval-ignore-output"]
-bench_report.busbw_figure(
+report.busbw_figure(
     DOC, title=f"busbw vs size — {SWEEP.label}",
     prediction=None if my_prediction_busbw_gbps is None else (512 * 2**20, my_prediction_busbw_gbps))
 
@@ -169,7 +171,7 @@ print(f"peak busbw: {S['peak']['busbw_gbps']:.0f} GB/s ({S['peak']['collective']
 # every point by 1/t, so small messages pin α and large ones pin β.
 
 # %% tags=["nbval-ignore-output"]
-FITS = bench_report.fits(DOC)
+FITS = report.fits(DOC)
 print(f"{'collective':<15}{'alpha (us)':>11}{'beta (GB/s)':>13}{'bus beta':>10}{'n_1/2':>11}{'max error':>11}")
 for coll, fit in FITS.items():
     print(f"{coll:<15}{fit.alpha_us:11.2f}{fit.beta_gbps:13.1f}{fit.beta_gbps * bandwidth.bus_factor(coll, N):10.1f}"
@@ -178,8 +180,8 @@ print(f"[{SWEEP.label}]")
 
 # %% tags=["nbval-ignore-output"]
 SHOW = [c for c in ("all_reduce", "all_gather", "send_recv") if c in FITS]
-sizes = sorted({r["size_bytes"] for c in SHOW for r in bench_report.primary_rows(DOC, c)})
-series = {c: [{r["size_bytes"]: r["time_us"] * 1e-3 for r in bench_report.primary_rows(DOC, c)}.get(s, math.nan)
+sizes = sorted({r["size_bytes"] for c in SHOW for r in report.primary_rows(DOC, c)})
+series = {c: [{r["size_bytes"]: r["time_us"] * 1e-3 for r in report.primary_rows(DOC, c)}.get(s, math.nan)
               for s in sizes] for c in SHOW}
 plots.time_plot(sizes, series, fits={c: FITS[c] for c in SHOW}, title=f"time vs size, alpha–beta fits — {SWEEP.label}")
 
@@ -207,7 +209,7 @@ size_for = check.usable(min_size_for_fraction, "min_size_for_fraction")
 for coll in ("all_reduce", "all_gather", "send_recv"):
     if coll in FITS:
         s80 = size_for(FITS[coll], 0.8)
-        t = bench_report.time_us_at(DOC, coll, s80)
+        t = report.time_us_at(DOC, coll, s80)
         meas = "" if t is None else f"; measured there: {s80 / (t * 1e-6) / 1e9 / FITS[coll].beta_gbps:.0%} of beta"
         print(f"{coll:<15} 80% of beta from {format_size(s80)} (DDP's bucket: 25 MiB = "
               f"{25 * 2**20 / s80:.1f}x that){meas}")
@@ -320,7 +322,7 @@ def option_us(terms, size):
     """Time (us) of a sequence [(collective, times, fraction of S)] at size S, from the sweep."""
     total = 0.0
     for coll, times, frac in terms:
-        t = bench_report.time_us_at(DOC, coll, size * frac)
+        t = report.time_us_at(DOC, coll, size * frac)
         if t is None:
             return None
         total += times * t

@@ -16,7 +16,9 @@ import pytest
 import torch.distributed as dist
 
 import labutils
-from labutils import bandwidth, bench_ops
+from labutils import bandwidth
+from labutils.bench import ops, sweep
+from labutils.bench.config import BenchConfig
 
 from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -28,15 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def _correctness(rank, world_size):
     out = {}
     # small sizes, and one large one per collective (buffer views, in place at NCCL's offsets)
-    cfg = bench_ops.BenchConfig(minbytes=8, maxbytes=2**20, stepfactor=32, timed=False, latency=False)
-    out["float"] = bench_ops.sweep(rank, world_size, cfg)["rows"]
-    big = bench_ops.BenchConfig(minbytes=256 * 2**20, maxbytes=256 * 2**20, timed=False, latency=False)
-    out["big"] = bench_ops.sweep(rank, world_size, big)["rows"]
+    cfg = BenchConfig(minbytes=8, maxbytes=2**20, stepfactor=32, timed=False, latency=False)
+    out["float"] = sweep.sweep(rank, world_size, cfg)["rows"]
+    big = BenchConfig(minbytes=256 * 2**20, maxbytes=256 * 2**20, timed=False, latency=False)
+    out["big"] = sweep.sweep(rank, world_size, big)["rows"]
     for dtype, op in (("bfloat16", "sum"), ("half", "avg"), ("int8", "prod"), ("int64", "max")):
-        c = bench_ops.BenchConfig(minbytes=1024, maxbytes=2**20, stepfactor=1024, datatype=dtype, redop=op,
+        c = BenchConfig(minbytes=1024, maxbytes=2**20, stepfactor=1024, datatype=dtype, redop=op,
                                   root=world_size - 1, timed=False, latency=False)
-        out[f"{dtype} {op}"] = bench_ops.sweep(rank, world_size, c)["rows"]
-    out["bug"] = bench_ops.check_one(rank, world_size, "all_reduce", 4096,
+        out[f"{dtype} {op}"] = sweep.sweep(rank, world_size, c)["rows"]
+    out["bug"] = ops.verify_one(rank, world_size, "all_reduce", 4096,
                                      run=lambda c: dist.all_reduce(c.out.clone()))
     return out
 
@@ -54,8 +56,8 @@ def test_every_collective_is_correct_on_nccl():
 
 
 def _timed(rank, world_size):
-    cfg = bench_ops.BenchConfig(minbytes=8, maxbytes=64 * 2**20, stepfactor=64, repeat=2)
-    return bench_ops.sweep(rank, world_size, cfg)
+    cfg = BenchConfig(minbytes=8, maxbytes=64 * 2**20, stepfactor=64, repeat=2)
+    return sweep.sweep(rank, world_size, cfg)
 
 
 @needs_gpus(2)

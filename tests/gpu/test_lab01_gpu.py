@@ -11,9 +11,7 @@ import json
 import pytest
 import torch
 
-from labutils import cudacomm
-from labutils import cudacomm_analysis as analysis
-from labutils import cudacomm_bench as bench
+from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
 from labutils.checks import lab01 as check
 from labutils.solutions import lab01 as solutions
 
@@ -24,19 +22,19 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def setup():
-    return cudacomm.gpu_setup()
+    return devices.gpu_setup()
 
 
 @needs_gpus(2)
 def test_every_api_call_matches_its_cpu_reference(setup):
-    rec = json.loads(json.dumps(cudacomm.api_examples(setup)))
-    lines = cudacomm.check_api(rec)
+    rec = json.loads(json.dumps(verify.api_examples(setup)))
+    lines = verify.check_api(rec)
     assert all(line.startswith("✓") for line in lines), lines
 
 
 @needs_gpus(2)
 def test_nccl_path_raises_on_mixed_dtypes_and_the_fallback_converts(setup):
-    rules = cudacomm.dtype_rules(setup)
+    rules = verify.dtype_rules(setup)
     nccl_mixed = rules["reduce_add fp32 (GPU 0) + fp16 (GPU 1)"]
     assert nccl_mixed["path"] == "NCCL"
     assert nccl_mixed["outcome"] == "raises RuntimeError: all inputs and outputs must be of the same Tensor dtype"
@@ -52,18 +50,18 @@ def test_nccl_path_raises_on_mixed_dtypes_and_the_fallback_converts(setup):
 def test_nccl_all_reduce_needs_distinct_devices():
     from torch.cuda import nccl
     x = torch.ones(3, device="cuda:0")
-    assert cudacomm.error_text(lambda: nccl.all_reduce([x, x.clone()])) == \
+    assert verify.error_text(lambda: nccl.all_reduce([x, x.clone()])) == \
         "raises RuntimeError: inputs must be on unique devices"
 
 
 @needs_gpus(1)
 def test_one_device_calls_do_not_copy():
-    assert all(cudacomm.one_device_examples(cudacomm.gpu_setup(1)).values())
+    assert all(verify.one_device_examples(devices.gpu_setup(1)).values())
 
 
 @needs_gpus(2)
 def test_profiled_kernels_show_nccl_and_peer_copies(setup):
-    ops = bench.profile_ops(setup, 1 << 20)
+    ops = measure.profile_ops(setup, 1 << 20)
     kinds = {op: {k["kind"] for k in ks} for op, ks in ops.items()}
     assert "nccl" in kinds["comm.broadcast"] and "nccl" in kinds["torch.cuda.nccl.all_reduce"]
     assert "nccl" in kinds["comm.reduce_add"]
@@ -75,16 +73,16 @@ def test_profiled_kernels_show_nccl_and_peer_copies(setup):
 @needs_gpus(2)
 def test_measurements_return_data_the_analysis_can_read(setup, tmp_path):
     # up to 256 MiB: with smaller sizes a loaded machine (pytest -n 10) can hide the slope
-    sweep = bench.sweep(setup, [1 << 12, 1 << 20, 1 << 24, 1 << 28])
+    sweep = measure.sweep(setup, [1 << 12, 1 << 20, 1 << 24, 1 << 28])
     assert all(t > 0 for d in sweep["ops"].values() for t in d["median_ms"])
     fit = analysis.fits(sweep)["comm.broadcast"]
     assert fit.alpha_us >= 0 and fit.beta_gbps > 0
-    dtypes = bench.dtype_costs(setup, numel=1 << 20)
-    many = bench.many_small(setup, total_bytes=1 << 20, counts=(1, 64))
-    red = bench.redundant(setup, sizes_bytes=(1 << 12, 1 << 20))
-    rows = analysis.claims(sweep, dtypes, cudacomm.dtype_rules(setup), many, red, link_peak_gbps=None)
+    dtypes = measure.dtype_costs(setup, numel=1 << 20)
+    many = measure.many_small(setup, total_bytes=1 << 20, counts=(1, 64))
+    red = measure.redundant(setup, sizes_bytes=(1 << 12, 1 << 20))
+    rows = analysis.claims(sweep, dtypes, verify.dtype_rules(setup), many, red, link_peak_gbps=None)
     assert len(rows) == 4
-    out = bench.profile_kernels(lambda: torch.ones(8, device="cuda:0") + 1, setup,
+    out = measure.profile_kernels(lambda: torch.ones(8, device="cuda:0") + 1, setup,
                                 trace_path=tmp_path / "t.json", table_rows=5)
     assert out["kernels"] and (tmp_path / "t.json").stat().st_size > 0
 

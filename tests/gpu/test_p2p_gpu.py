@@ -14,7 +14,8 @@ import cloudpickle
 import pytest
 
 import labutils
-from labutils import overlap, p2p
+from labutils import procs
+from labutils.labs.lab03_async_p2p import exchange, hang, measure, overlap, wait
 from labutils.checks import lab03 as check
 
 from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
@@ -27,14 +28,14 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @needs_gpus(2)
 def test_fixes_and_rings_equal_nccl_collectives(no_leaks):
     res = labutils.launch(test_p2p._rings_and_fixes, backend="nccl", world_size=2, output="quiet")
-    assert all(line.endswith("every rank: True") for line in p2p.report_fixes([r["fixes"] for r in res]))
+    assert all(line.endswith("every rank: True") for line in exchange.report_fixes([r["fixes"] for r in res]))
     for r in res:
         assert all(r["all_gather"]) and all(r["all_reduce"]) and r["errors"] == [True, True, True]
 
 
 @needs_gpus(2)
 def test_source_as_written_fails_on_nccl_with_cpu_tensors(no_leaks):
-    out = p2p.try_launch(p2p.source_as_written, backend="nccl", world_size=2, timeout=90, output="quiet")
+    out = hang.try_launch(exchange.source_as_written, backend="nccl", world_size=2, timeout=90, output="quiet")
     assert out["status"] == "RankError", out
     assert out["exc_type"] == "RuntimeError" and "cpu" in out["message"].lower()
 
@@ -43,18 +44,18 @@ def test_source_as_written_fails_on_nccl_with_cpu_tensors(no_leaks):
 def test_source_order_on_nccl_is_stopped_at_the_timeout(no_leaks):
     timeout = 20.0
     t0 = time.monotonic()
-    out = p2p.hang_demo(timeout_s=timeout, inits=("eager",))["eager"]
+    out = hang.hang_demo(timeout_s=timeout, inits=("eager",))["eager"]
     assert time.monotonic() - t0 < timeout + 8  # + diagnostics and the kill, never a freeze
-    assert p2p.leftover_ranks() == []
+    assert procs.leftover_ranks() == []
     assert all(s and s[0]["step"] == "start" for s in out["steps"].values()), out  # reached the exchange
-    verdict = p2p.hang_verdict(out)
+    verdict = hang.hang_verdict(out)
     assert verdict.startswith({"RankTimeout": "eager init: HANG", "RankError": "eager init: CRASH",
                                "completed": "eager init: COMPLETED"}[out["status"]]), verdict
 
 
 @needs_gpus(2)
 def test_wait_orders_the_stream_not_the_host(no_leaks):
-    d = labutils.launch(overlap.wait_semantics_nccl, backend="nccl", world_size=2, output="quiet")[1]
+    d = labutils.launch(wait.wait_semantics_nccl, backend="nccl", world_size=2, output="quiet")[1]
     assert d["wait_ms"] < d["sync_ms"]  # the host left wait() before the data was there
     assert d["early_read_stale"] and d["after_wait_ok"]
     # d["other_stream_stale"] is a race (the data may already be there when the side stream
@@ -77,7 +78,7 @@ def test_overlap_experiment_structure_on_gpus(no_leaks):
 def test_ring_vs_nccl_and_checker_on_gpus(capsys, no_leaks):
     fn = check.ring_all_gather(test_p2p._stub, backend="nccl", world_size=2)
     assert "✓ ring all-gather (reference solution)" in capsys.readouterr().out
-    d = labutils.launch(p2p.ring_vs_collective, fn, [1 << 20, 16 << 20], backend="nccl", world_size=2,
+    d = labutils.launch(measure.ring_vs_collective, fn, [1 << 20, 16 << 20], backend="nccl", world_size=2,
                         output="quiet")[0]
     assert d["ring_correct"] and all(v > 0 for v in d["ring_busbw_gbps"] + d["collective_busbw_gbps"])
     assert check.ring_all_reduce(test_p2p._my_ring_all_reduce, backend="nccl") is test_p2p._my_ring_all_reduce

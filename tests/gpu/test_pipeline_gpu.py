@@ -15,8 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import labutils
-from labutils import pipeline
-from labutils import pipeline_bench as pb
+from labutils.labs.lab04_pipeline import measure, model, pipelining, schedule, verify
 
 from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -29,12 +28,12 @@ SMALL_BENCH = {"n_layers": 4, "hidden": 512, "rows": 2048, "dtype": "bfloat16", 
 @needs_gpus(2)
 def test_naive_split_over_two_gpus_equals_one_gpu():
     devs = [torch.device("cuda:0"), torch.device("cuda:1")]
-    blocks = pb.make_blocks(4, 16, device=devs[0], dtype=torch.float64)
-    x, y = pb.make_batch(24, 16, device=devs[0], dtype=torch.float64)
-    ref = nn.Sequential(*[b for b in pb.make_blocks(4, 16, device=devs[0], dtype=torch.float64)])
+    blocks = model.make_blocks(4, 16, device=devs[0], dtype=torch.float64)
+    x, y = model.make_batch(24, 16, device=devs[0], dtype=torch.float64)
+    ref = nn.Sequential(*[b for b in model.make_blocks(4, 16, device=devs[0], dtype=torch.float64)])
     F.mse_loss(ref(x), y).backward()
-    stages = [nn.Sequential(*blocks[a:b]).to(d) for (a, b), d in zip(pipeline.partition(4, 2), devs)]
-    loss = pb.naive_step(stages, devs, x, y, F.mse_loss)
+    stages = [nn.Sequential(*blocks[a:b]).to(d) for (a, b), d in zip(schedule.partition(4, 2), devs)]
+    loss = measure.naive_step(stages, devs, x, y, F.mse_loss)
     assert loss.device == devs[1]
     torch.testing.assert_close(loss.to(devs[0]), F.mse_loss(ref(x), y).detach())
     torch.testing.assert_close([q.grad.to(devs[0]) for s in stages for q in s.parameters()],
@@ -43,33 +42,33 @@ def test_naive_split_over_two_gpus_equals_one_gpu():
 
 @needs_gpus(2)
 def test_gpipe_step_over_nccl_equals_one_device(no_leaks):
-    res = labutils.launch(pb.check_rank, pipeline.gpipe_step, (1, 4), world_size=2, backend="nccl")
-    pb.summarize_check(res, "gpipe_step over NCCL")
+    res = labutils.launch(verify.against_one_device, schedule.gpipe_step, (1, 4), world_size=2, backend="nccl")
+    verify.report(res, "gpipe_step over NCCL")
 
 
 @needs_gpus(2)
 def test_torch_pipelining_over_nccl_equals_one_device(no_leaks):
     def both(rank, world_size):
-        return {s: pb.check_rank(rank, world_size, functools.partial(pb.torch_schedule_step, schedule=s), (2, 4))
-                for s in pb.available_schedules()}
+        return {s: verify.against_one_device(rank, world_size, functools.partial(pipelining.torch_schedule_step, schedule=s), (2, 4))
+                for s in pipelining.available_schedules()}
     res = labutils.launch(both, world_size=2, backend="nccl")
     for s in res[0]:
-        pb.summarize_check([r[s] for r in res], s)
+        verify.report([r[s] for r in res], s)
 
 
 @needs_gpus(2)
 def test_measure_one_process_on_two_gpus():
-    d = pb.measure_one_process(SMALL_BENCH)
+    d = measure.measure_one_process(SMALL_BENCH)
     json.dumps(d)
     lanes = {s["lane"] for s in d["spans"]}
     assert lanes == {"stage 0 (cuda:0)", "stage 1 (cuda:1)"}
-    assert all(0 < b < 1 for b in pipeline.bubble_from_spans(d["spans"])["bubble"].values())
+    assert all(0 < b < 1 for b in schedule.bubble_from_spans(d["spans"])["bubble"].values())
 
 
 @needs_gpus(2)
 def test_measure_rank_over_nccl(no_leaks):
-    res = labutils.launch(pb.measure_rank, SMALL_BENCH, world_size=2, backend="nccl", timeout=300)
-    d = pb.merge(res, SMALL_BENCH)
+    res = labutils.launch(measure.measure_rank, SMALL_BENCH, world_size=2, backend="nccl", timeout=300)
+    d = measure.merge(res, SMALL_BENCH)
     json.dumps(d)
     assert all(0 <= b < 1 for b in d["bubble_measured"]) and all(t > 0 for t in d["step_ms"])
     mem = d["memory_bytes"]
@@ -78,5 +77,5 @@ def test_measure_rank_over_nccl(no_leaks):
     assert mem["torch gpipe m=8"][0] > mem["torch 1f1b m=8"][0]
     assert mem["ours m=8"][0] > mem["torch 1f1b m=8"][0]
     assert set(d["schedules_ms"]) == {"gpipe", "1f1b"}
-    ops = pb.comm_summary(d)["ops"]
+    ops = measure.comm_summary(d)["ops"]
     assert len(ops) == 2 * len(SMALL_BENCH["ms"]) and all(op["measured_ms"] > 0 for op in ops)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import labutils
-from labutils import tp_bench, tp_comm
-from labutils.tensor_parallel import TensorParallelMLP, reference_mlp
+from labutils.labs.lab02_tensor_parallel import comm, measure, verify
+from labutils.labs.lab02_tensor_parallel.layers import TensorParallelMLP, reference_mlp
 
 from conftest import gpu_count, needs_gpus
 
@@ -34,7 +34,7 @@ def _bf16_close(rank, world_size):
 
 
 def _timer_on_cuda(rank, world_size):
-    timer = tp_comm.CommTimer(enabled=True)
+    timer = comm.CommTimer(enabled=True)
     mlp = TensorParallelMLP(512, timer=timer, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     mlp(x).float().sum().backward()
@@ -42,17 +42,17 @@ def _timer_on_cuda(rank, world_size):
 
 
 def _all(rank, world_size):
-    return {"verify": tp_bench.verify_mlp(rank, world_size),
+    return {"verify": verify.verify_mlp(rank, world_size),
             "bf16": _bf16_close(rank, world_size),
             "timer": _timer_on_cuda(rank, world_size),
-            "uneven": tp_bench.uneven_list_gather(rank, world_size, rows=7, cols=3),
+            "uneven": verify.uneven_list_gather(rank, world_size, rows=7, cols=3),
             "gather_uneven": torch.equal(
-                tp_comm.all_gather_uneven(torch.full((rank + 1, 2), float(rank), device="cuda")).cpu(),
+                comm.all_gather_uneven(torch.full((rank + 1, 2), float(rank), device="cuda")).cpu(),
                 torch.cat([torch.full((r + 1, 2), float(r)) for r in range(world_size)])),
-            "sweep": tp_bench.collective_sweep(rank, world_size, [2**12, 2**20], warmup=2, iters=5, repeat=3),
-            "objects": tp_bench.object_vs_tensor(rank, world_size, [2**16], repeat=2, link_iters=2),
-            "imbalance": tp_bench.imbalance_sweep(rank, world_size, [1, 3], steps=5),
-            "mlp": tp_bench.tp_mlp_sweep(rank, world_size, [256], tokens=256, target_ms=2.0)}
+            "sweep": measure.collective_sweep(rank, world_size, [2**12, 2**20], warmup=2, iters=5, repeat=3),
+            "objects": measure.object_vs_tensor(rank, world_size, [2**16], repeat=2, link_iters=2),
+            "imbalance": measure.imbalance_sweep(rank, world_size, [1, 3], steps=5),
+            "mlp": measure.tp_mlp_sweep(rank, world_size, [256], tokens=256, target_ms=2.0)}
 
 
 @pytest.fixture(scope="module")

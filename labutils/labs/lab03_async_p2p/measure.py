@@ -4,16 +4,18 @@
 on gloo (CPU tensors) and NCCL (one GPU per rank)::
 
     import labutils
-    from labutils import p2p, p2p_bench    # ring_vs_collective is in labutils.p2p as well
-    d = labutils.launch(p2p_bench.ring_vs_collective, p2p.ring_all_gather, [2**20, 2**26])[0]
+    from labutils.labs.lab03_async_p2p import measure
+    from labutils.solutions.lab03 import ring_all_gather
+    d = labutils.launch(measure.ring_vs_collective, ring_all_gather, [2**20, 2**26])[0]
     print(d["ring_busbw_gbps"], d["collective_busbw_gbps"], d["ring_correct"])
 """
 from __future__ import annotations
 
 import torch
 
-from . import bandwidth, timing
-from .compat import all_gather_into_tensor as all_gather_tensor
+from ... import bandwidth, timing
+from ...compat import all_gather_into_tensor
+from ...config import rank_device
 
 
 def ring_vs_collective(rank: int, world_size: int, ring_fn, sizes_bytes: list[int],
@@ -27,7 +29,6 @@ def ring_vs_collective(rank: int, world_size: int, ring_fn, sizes_bytes: list[in
         ``{"size_bytes", "ring_ms", "collective_ms", "ring_busbw_gbps", "collective_busbw_gbps",
         "ring_correct", "world_size"}`` (lists in size order).
     """
-    from .p2p import rank_device  # here: p2p imports this module
     dev, n = rank_device(), world_size
     out = {k: [] for k in ("size_bytes", "ring_ms", "collective_ms", "ring_busbw_gbps",
                            "collective_busbw_gbps")}
@@ -38,7 +39,7 @@ def ring_vs_collective(rank: int, world_size: int, ring_fn, sizes_bytes: list[in
         got, ref = torch.empty(n * numel, device=dev), torch.empty(n * numel, device=dev)
         t_ring = timing.benchmark_collective(lambda: ring_fn(got, inp), warmup=warmup, iters=iters,
                                              repeat=repeat)
-        t_coll = timing.benchmark_collective(lambda: all_gather_tensor(ref, inp), warmup=warmup,
+        t_coll = timing.benchmark_collective(lambda: all_gather_into_tensor(ref, inp), warmup=warmup,
                                              iters=iters, repeat=repeat)
         correct &= torch.equal(got.cpu(), ref.cpu())
         s = 4 * n * numel

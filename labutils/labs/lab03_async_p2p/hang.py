@@ -4,11 +4,12 @@
 tensors) once per init mode under a short labutils timeout; every rank logs each step to its own
 file (``StepLog``), so what it reached is known even when labutils kills it::
 
-    from labutils import p2p_hang          # the same names are in labutils.p2p
-    for init, outcome in p2p_hang.hang_demo(timeout_s=15).items():
-        print(p2p_hang.hang_verdict(outcome))
-        print("\n".join(p2p_hang.describe_steps(outcome)))
-    assert p2p_hang.leftover_ranks() == []
+    from labutils import procs
+    from labutils.labs.lab03_async_p2p import hang
+    for init, outcome in hang.hang_demo(timeout_s=15).items():
+        print(hang.hang_verdict(outcome))
+        print("\n".join(hang.describe_steps(outcome)))
+    assert procs.leftover_ranks() == []
 
 * ``StepLog`` / ``read_steps``: one file per rank, one line per step, written through at once.
 * ``try_launch``: ``labutils.launch`` that returns what happened (JSON types, recordable) instead
@@ -26,6 +27,11 @@ import warnings
 
 import torch
 import torch.distributed as dist
+
+from ...config import rank_device, resolve
+from ...errors import RankError, RankTimeout
+from ...launch import launch
+from .exchange import SOURCE_COLS, SOURCE_ROWS, chunk_rows
 
 
 class StepLog:
@@ -72,7 +78,6 @@ def source_exchange_traced(rank: int, world_size: int, log_dir: str, poll_s: flo
     Returns:
         True if every request completed within ``poll_s`` (the exchange did not hang).
     """
-    from .p2p import SOURCE_COLS, SOURCE_ROWS, chunk_rows, rank_device  # here: p2p imports this module
     log, dev = StepLog(log_dir, rank), rank_device()
     result = torch.full((chunk_rows(SOURCE_ROWS, world_size)[rank], SOURCE_COLS), 2.0 * rank + 2.0,
                         device=dev)
@@ -113,8 +118,6 @@ def try_launch(fn, *args, **launch_kwargs) -> dict:
         "value"}``, plus ``"rank", "exc_type", "exit_code", "tail"`` (last lines of the failed
         rank's traceback or output) for a RankError. JSON types only (recordable).
     """
-    from .errors import RankError, RankTimeout
-    from .launch import launch
     t0, info = time.monotonic(), {"status": "completed", "message": "", "value": None}
     try:
         value = launch(fn, *args, **launch_kwargs)
@@ -140,7 +143,6 @@ def hang_demo(timeout_s: float = 15.0, inits=("eager", "lazy"), poll_s: float = 
         ``{init: try_launch(...) + {"init", "timeout_s", "poll_s", "world_size",
         "steps": {"rank": [...]}}}``.
     """
-    from .config import resolve
     out, n = {}, resolve(None, backend).world_size
     for init in inits:
         log_dir = tempfile.mkdtemp(prefix="labutils-steps-")
@@ -153,19 +155,6 @@ def hang_demo(timeout_s: float = 15.0, inits=("eager", "lazy"), poll_s: float = 
             shutil.rmtree(log_dir, ignore_errors=True)
         out[init] = {**res, "init": init, "timeout_s": timeout_s, "poll_s": poll_s, "world_size": n}
     return out
-
-
-def leftover_ranks() -> list[int]:
-    """PIDs of labutils rank processes still running under this process (there should be none)."""
-    import psutil
-    pids = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if "labutils._rank" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                pids.append(proc.pid)
-        except psutil.Error:  # exited while we looked
-            pass
-    return pids
 
 
 _STEP_TEXT = {"start": "started", "isend": "isend returned", "irecv": "irecv returned",

@@ -10,12 +10,8 @@ Paper: Shoeybi et al. 2019, "Megatron-LM", section 3. The MLP is ``Z = GeLU(X A)
 
 In backward the conjugate operator ``f`` all-reduces ``dL/dX``. ``nn.Linear`` stores ``A^T``
 (``weight`` is ``[out_features, in_features]``), so "split A by columns" is ``weight.chunk(p, 0)``
-and "split B by rows" is ``weight.chunk(p, 1)``. Communication lives in ``labutils.tp_comm``.
-
-Cost model (bottom of this file, pure functions; Narayanan et al. 2021, section 3): a TP step on
-p GPUs takes ``t_p = t_1 / p + k * t_allreduce(S)``, ``S = tokens * hidden * bytes``, with k
-all-reduces per step (1 forward, 2 forward + backward) and ``t_allreduce`` from an alpha-beta fit
-of a measured all_reduce sweep (``bandwidth.fit_alpha_beta``).
+and "split B by rows" is ``weight.chunk(p, 1)``. Communication lives in ``comm``, the cost model
+in ``cost_model``.
 
 Example (inside a launched rank; run the tests with ``pytest tests/test_tensor_parallel.py``)::
 
@@ -32,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import bandwidth, tp_comm
+from . import comm
 
 
 def shard(t: torch.Tensor, dim: int, group=None) -> torch.Tensor:
@@ -42,7 +38,7 @@ def shard(t: torch.Tensor, dim: int, group=None) -> torch.Tensor:
         ValueError: ``t.shape[dim]`` is not divisible by the group size.
     """
     rank, n = dist.get_rank(group), dist.get_world_size(group)
-    tp_comm._check_divisible(t.shape[dim], n, f"size of dim {dim}")
+    comm.check_divisible(t.shape[dim], n, f"size of dim {dim}")
     return t.chunk(n, dim=dim)[rank].contiguous()
 
 
@@ -72,7 +68,7 @@ class ColumnParallelLinear(nn.Module):
             by the group size.
         gather_output: all-gather ``Y_i`` along the last dim so every rank returns the full ``Y``
             (set False when a RowParallelLinear consumes ``Y_i`` directly, as in the MLP).
-        group: process group (None = default); timer: optional ``tp_comm.CommTimer``.
+        group: process group (None = default); timer: optional ``comm.CommTimer``.
 
     Shapes: input ``(..., in_features)``; output ``(..., out_features)`` if ``gather_output``
     else ``(..., out_features / p)``.
@@ -82,7 +78,7 @@ class ColumnParallelLinear(nn.Module):
                  gather_output: bool = True, group=None, timer=None, device=None, dtype=None):
         super().__init__()
         n = dist.get_world_size(group)
-        tp_comm._check_divisible(out_features, n, "out_features")
+        comm.check_divisible(out_features, n, "out_features")
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.group, self.timer = gather_output, group, timer
         kw = dict(device=device, dtype=dtype)
@@ -93,9 +89,9 @@ class ColumnParallelLinear(nn.Module):
             _uniform_(self.bias, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = tp_comm.copy_to_tp_region(x, self.group, self.timer)  # f: all-reduce dL/dX in backward
+        x = comm.copy_to_tp_region(x, self.group, self.timer)  # f: all-reduce dL/dX in backward
         y = F.linear(x, self.weight, self.bias)  # X A_i + b_i: no communication
-        return tp_comm.gather_from_tp_region(y, self.group, self.timer) if self.gather_output else y
+        return comm.gather_from_tp_region(y, self.group, self.timer) if self.gather_output else y
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, gather_output: bool = True, group=None,
@@ -125,7 +121,7 @@ class RowParallelLinear(nn.Module):
                  input_is_parallel: bool = False, group=None, timer=None, device=None, dtype=None):
         super().__init__()
         n = dist.get_world_size(group)
-        tp_comm._check_divisible(in_features, n, "in_features")
+        comm.check_divisible(in_features, n, "in_features")
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.group, self.timer = input_is_parallel, group, timer
         kw = dict(device=device, dtype=dtype)
@@ -137,9 +133,9 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
-            x = tp_comm.split_to_tp_region(x, self.group, self.timer)
+            x = comm.split_to_tp_region(x, self.group, self.timer)
         partial = F.linear(x, self.weight)  # X_i B_i: this rank's term of the sum
-        z = tp_comm.reduce_from_tp_region(partial, self.group, self.timer)  # g: one all-reduce
+        z = comm.reduce_from_tp_region(partial, self.group, self.timer)  # g: one all-reduce
         return z + self.bias if self.bias is not None else z
 
     @classmethod
@@ -188,7 +184,7 @@ class TensorParallelMLP(nn.Module):
                                    and isinstance(parts[2], nn.Linear)):
             raise TypeError(f"expected nn.Sequential(nn.Linear, nn.GELU, nn.Linear), got "
                             f"{[type(p).__name__ for p in parts]}. HINT: build it with "
-                            "tensor_parallel.reference_mlp(hidden).")
+                            "layers.reference_mlp(hidden).")
         mlp = cls.__new__(cls)
         nn.Module.__init__(mlp)
         mlp.up = ColumnParallelLinear.from_linear(parts[0], gather_output=False, group=group, timer=timer)
@@ -206,42 +202,3 @@ def reference_mlp(hidden: int, ffn_hidden: int | None = None, bias: bool = True,
         torch.manual_seed(seed)
         seq = nn.Sequential(nn.Linear(hidden, ffn_hidden, bias), nn.GELU(), nn.Linear(ffn_hidden, hidden, bias))
     return seq.to(device=device, dtype=dtype)
-
-
-# ----------------------------------------------------------------------------- cost model
-def mlp_flops(tokens: int, hidden: int, ffn_hidden: int, train: bool = False) -> float:
-    """FLOPs of ``Linear(h, f) -> GeLU -> Linear(f, h)`` on ``tokens`` rows: 2 matmuls x 2 x T h f;
-    backward costs twice the forward (gradients of inputs and of weights)."""
-    return 4.0 * tokens * hidden * ffn_hidden * (3 if train else 1)
-
-
-def allreduce_ms(size_bytes: float, world_size: int, alpha_us: float, beta_gbps: float) -> float:
-    """All-reduce time from a fit ``t = alpha + S / beta`` made on **2** ranks, extrapolated to
-    ``world_size`` with the ring model (``bandwidth.ring_time_ms``): at n = 2 a ring all-reduce
-    has 2 steps, so alpha per step = alpha / 2, and the fit's beta is the bus bandwidth. Assumes
-    every rank keeps the same link bandwidth (true on an NVSwitch node, optimistic elsewhere)."""
-    return bandwidth.ring_time_ms("all_reduce", size_bytes, world_size, alpha_us / 2, beta_gbps)
-
-
-def tp_step_ms(one_gpu_ms: float, world_size: int, allreduce_ms_each: float, count: int = 1) -> float:
-    """Predicted TP step: compute divided by p, plus ``count`` all-reduces (no overlap)."""
-    return one_gpu_ms / world_size + count * allreduce_ms_each
-
-
-def speedup_model(hidden: int, tokens: int, world_size: int, tflops: float, alpha_us: float,
-                  beta_gbps: float, *, ffn_mult: int = 4, bytes_per_element: int = 2,
-                  overhead_us: float = 20.0, train: bool = False) -> float:
-    """Predicted speedup of the TP MLP over one GPU: compute at ``tflops`` (split p ways), a fixed
-    ``overhead_us`` per step (kernel launches; not split), communication from the alpha-beta fit."""
-    compute_ms = mlp_flops(tokens, hidden, ffn_mult * hidden, train) / (tflops * 1e12) * 1e3
-    size = tokens * hidden * bytes_per_element
-    tp = tp_step_ms(compute_ms, world_size, allreduce_ms(size, world_size, alpha_us, beta_gbps), 2 if train else 1)
-    return (compute_ms + overhead_us * 1e-3) / (tp + overhead_us * 1e-3)
-
-
-def comm_summary(rows: list[dict], world_size: int) -> dict:
-    """Lab 06's input: one entry per hidden size, the forward all-reduce inside the TP step."""
-    return {"ops": [{"what": f"TP MLP forward all_reduce, hidden={r['hidden']}, tokens={r['tokens']}, "
-                             f"{r['dtype']}", "op": "all_reduce", "size_bytes": int(r["allreduce_bytes"]),
-                     "world_size": world_size, "count_per_step": 1,
-                     "measured_ms": r["allreduce_fwd_ms"], "step_ms": r["tp_fwd_ms"]} for r in rows]}

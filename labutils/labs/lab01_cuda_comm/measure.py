@@ -1,17 +1,18 @@
 """Lab 01's measurements of ``torch.cuda.comm``: bandwidth sweep, dtypes, many small tensors,
 redundant transfers, and which kernels run (``torch.profiler``). Pure analysis (fits, kernel
-names, the claims table) is in ``labutils.cudacomm_analysis``. Run it::
+names, the verdicts) is in ``analysis``. Run it::
 
-    from labutils import cudacomm, cudacomm_analysis, cudacomm_bench as bench
-    setup = cudacomm.gpu_setup()                     # >= 2 GPUs
-    data = bench.sweep(setup)                        # 1 KiB .. 1 GiB, JSON-able
-    cudacomm_analysis.fits(data)["comm.broadcast"]  # alpha-beta fit (labutils.bandwidth)
+    from labutils.labs.lab01_cuda_comm import analysis, devices, measure
+    setup = devices.gpu_setup()                      # >= 2 GPUs
+    data = measure.sweep(setup)                      # 1 KiB .. 1 GiB, JSON-able
+    analysis.fits(data)["comm.broadcast"]            # alpha-beta fit (labutils.bandwidth)
 
 Method: one process drives every GPU, so a sample brackets ``iters`` back-to-back calls with a
-CUDA event pair on *each* device's current stream and takes the slowest device's time / iters
-(the nccl-tests method, with devices in place of ranks). The host cost of a call (Python, NCCL
-group launch, allocation) is part of what is measured: it is what a user of this API pays.
-Every function also runs on ``cudacomm.cpu_standin()`` (perf_counter), which is how it is tested.
+``timing.Clock`` mark pair on *each* device's current stream (CUDA events) and takes the slowest
+device's time / iters (the nccl-tests method, with devices in place of ranks). The host cost of a
+call (Python, NCCL group launch, allocation) is part of what is measured: it is what a user of this
+API pays. Every function also runs on ``devices.cpu_standin()`` (perf_counter), which is how it is
+tested.
 """
 from __future__ import annotations
 
@@ -19,39 +20,32 @@ from typing import Callable
 
 import torch
 
-from . import bandwidth, timing
-from .cudacomm import CommSetup
-from .cudacomm_analysis import device_kernels
+from ... import bandwidth, timing
+from .analysis import device_kernels
+from .devices import CommSetup
 
 SWEEP_OPS = ("comm.broadcast", "comm.reduce_add", "x.to(peer)")
-
-
-def _event(device_index: int):
-    with torch.cuda.device(device_index):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()  # on that device's current stream, where torch.cuda.comm enqueues its work
-        return ev
 
 
 def time_on_devices(fn: Callable[[], object], setup: CommSetup, *, warmup: int = 2, iters: int = 10,
                     repeat: int = 5) -> timing.Timing:
     """Time one call of ``fn`` (ms) across ``setup.devices``: per sample, ``iters`` calls between
-    an event pair on every device; the sample is the slowest device's time / iters. On the CPU
-    stand-in: ``timing.benchmark`` (perf_counter)."""
+    a pair of ``timing.Clock`` marks on every device's current stream (where torch.cuda.comm
+    enqueues its work); the sample is the slowest device's time / iters. On the CPU stand-in every
+    device is the CPU, so one clock (perf_counter) serves."""
     timing.check_counts(warmup=warmup, iters=iters, repeat=repeat)
-    if not setup.on_gpu:
-        return timing.benchmark(fn, warmup=warmup, repeat=repeat, inner=iters, device="cpu")
+    clocks = list({setup.device(i): timing.Clock(setup.device(i)) for i in setup.devices}.values())
     for _ in range(warmup):
         fn()
     setup.synchronize()
     samples = []
     for _ in range(repeat):
-        starts = [_event(i) for i in setup.devices]
+        starts = [c.mark() for c in clocks]
         for _ in range(iters):
             fn()
-        stops = [_event(i) for i in setup.devices]
+        stops = [c.mark() for c in clocks]
         setup.synchronize()
-        samples.append(max(a.elapsed_time(b) for a, b in zip(starts, stops)) / iters)
+        samples.append(max(c.elapsed_ms(a, b) for c, a, b in zip(clocks, starts, stops)) / iters)
     return timing.summarize(samples)
 
 

@@ -1,11 +1,11 @@
-"""Lab 02's measurements, run inside launched ranks (the cost model is in ``tensor_parallel``).
+"""Lab 02's measurements, run inside launched ranks (the cost model is in ``cost_model``).
 
 Every function has the rank-function signature ``fn(rank, world_size, ...)`` and returns
-JSON-able data, so a notebook cell is ``labutils.launch(tp_bench.fn, ...)`` inside
+JSON-able data, so a notebook cell is ``labutils.launch(measure.fn, ...)`` inside
 ``recorded.live_or_recorded``. Under gloo the same functions run on CPU tensors with small
 sizes (``tests/test_tensor_parallel.py`` does that); timings use ``labutils.timing`` (CUDA
 events, warm-ups, medians, the slowest rank). The correctness checks (``verify_mlp``,
-``uneven_list_gather``) are in ``labutils.tp_check`` and re-exported here.
+``uneven_list_gather``) are in ``verify``.
 """
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import bandwidth, timing, tp_comm
-from .tensor_parallel import TensorParallelMLP
-from .config import rank_device
-from .tp_check import DTYPES, uneven_list_gather
-from .tp_check import verify_mlp  # noqa: F401 - re-exported for the labs
+from ... import bandwidth, timing
+from ...compat import all_gather_into_tensor, reduce_scatter_tensor
+from ...config import rank_device
+from .comm import CommTimer
+from .layers import TensorParallelMLP
+from .verify import DTYPES, uneven_list_gather
 
 SWEEP_OPS = ("all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
-# ----------------------------------------------------------------------------- rank helpers
 # ----------------------------------------------------------------------------- collectives
 def _collective(op: str, size_bytes: int, n: int, dev, dt):
     """(S in nccl-tests' convention, a zero-argument call issuing ``op`` once)."""
@@ -39,10 +39,10 @@ def _collective(op: str, size_bytes: int, n: int, dev, dt):
         return count * elem, lambda: dist.all_gather(outs, inp)
     if op == "all_gather_into_tensor":
         inp, out = z(count // n), z(count)
-        return count * elem, lambda: tp_comm.all_gather_into_tensor(out, inp)
+        return count * elem, lambda: all_gather_into_tensor(out, inp)
     if op == "reduce_scatter_tensor":
         inp, out = z(count), z(count // n)
-        return count * elem, lambda: tp_comm.reduce_scatter_tensor(out, inp)
+        return count * elem, lambda: reduce_scatter_tensor(out, inp)
     if op == "all_reduce":
         buf = z(count)
         return count * elem, lambda: dist.all_reduce(buf)
@@ -103,21 +103,16 @@ def nvlink_tx_bytes() -> int | None:
         pynvml.nvmlShutdown()
 
 
-def _sync(dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def link_bytes_per_call(call, iters: int) -> float | None:
     """NVLink bytes (all GPUs) per call of ``call``, read by rank 0 around ``iters`` calls."""
-    dev = rank_device()
-    _sync(dev)
+    clock = timing.Clock(rank_device())
+    clock.synchronize()
     dist.barrier()
     before = nvlink_tx_bytes() if dist.get_rank() == 0 else None
     dist.barrier()
     for _ in range(iters):
         call()
-    _sync(dev)
+    clock.synchronize()
     dist.barrier()
     time.sleep(0.1)  # let the counters settle
     after = nvlink_tx_bytes() if dist.get_rank() == 0 else None
@@ -141,7 +136,7 @@ def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat:
         t = torch.zeros(size // 4, dtype=torch.float32, device=dev)
         out = torch.empty(world_size * t.numel(), dtype=t.dtype, device=dev)
         objs: list = [None] * world_size
-        as_tensor = lambda: tp_comm.all_gather_into_tensor(out, t)  # noqa: E731
+        as_tensor = lambda: all_gather_into_tensor(out, t)  # noqa: E731
         as_object = lambda: dist.all_gather_object(objs, t)  # noqa: E731
         t_tensor = timing.benchmark_collective(as_tensor, warmup=3, iters=10, repeat=repeat)
         t_object = timing.benchmark_collective(as_object, warmup=1, iters=1, repeat=repeat)
@@ -169,29 +164,21 @@ def object_vs_tensor(rank: int, world_size: int, sizes_bytes: list[int], repeat:
 
 # ----------------------------------------------------------------------------- partitions
 def _phase_times(phases, steps: int, warmup: int, dev) -> list[float]:
-    """Median ms of each phase over ``steps`` back-to-back steps (events between phases)."""
+    """Median ms of each phase over ``steps`` back-to-back steps (clock marks between phases)."""
+    clock = timing.Clock(dev)
     for _ in range(warmup):
         for _, fn in phases:
             fn()
-    _sync(dev)
+    clock.synchronize()
     samples = [[] for _ in phases]
     for _ in range(steps):
-        if dev.type == "cuda":
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(phases) + 1)]
-            marks[0].record()
-            for i, (_, fn) in enumerate(phases):
-                fn()
-                marks[i + 1].record()
-            marks[-1].synchronize()
-            ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        else:
-            stamps = [time.perf_counter()]
-            for _, fn in phases:
-                fn()
-                stamps.append(time.perf_counter())
-            ms = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
-        for s, v in zip(samples, ms):
-            s.append(v)
+        marks = [clock.mark()]
+        for _, fn in phases:
+            fn()
+            marks.append(clock.mark())
+        clock.synchronize()
+        for s, a, b in zip(samples, marks, marks[1:]):
+            s.append(clock.elapsed_ms(a, b))
     return [statistics.median(s) for s in samples]
 
 
@@ -212,11 +199,11 @@ def imbalance_sweep(rank: int, world_size: int, factors: list[float], rows: int 
         padded = torch.zeros(max(counts), out_cols, device=dev, dtype=dt)
         gathered = torch.empty(world_size * max(counts), out_cols, device=dev, dtype=dt)
         phases = [("compute", lambda: torch.matmul(x, w, out=padded[: x.shape[0]])),
-                  ("all_gather", lambda: tp_comm.all_gather_into_tensor(gathered, padded))]
+                  ("all_gather", lambda: all_gather_into_tensor(gathered, padded))]
         mine = torch.tensor(_phase_times(phases, steps, warmup, dev) + [0.0], dtype=torch.float64, device=dev)
         mine[2] = mine[0] + mine[1]
         every = torch.empty(world_size * 3, dtype=torch.float64, device=dev)
-        tp_comm.all_gather_into_tensor(every, mine)
+        all_gather_into_tensor(every, mine)
         every = every.view(world_size, 3).T.tolist()
         out["factors"].append(k)
         for key, v in zip(("compute_ms", "all_gather_ms", "step_ms"), every):
@@ -278,7 +265,7 @@ def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4
             inner = _calls_for(step, target_ms, dev)
             row[name] = timing.benchmark(step, warmup=1, repeat=7, inner=inner, device=dev).median_ms
         del seq
-        timer = tp_comm.CommTimer()
+        timer = CommTimer()
         mlp = TensorParallelMLP(h, f, timer=timer, device=dev, dtype=dt)
         for name, step in zip(("fwd", "train"), _mlp_steps(mlp, x, dz)):
             iters = _calls_for(step, target_ms, dev)

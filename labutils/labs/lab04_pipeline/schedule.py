@@ -1,22 +1,22 @@
-"""Pipeline parallelism (lab 04): stage splitting, the GPipe micro-batch loop, and the bubble math.
+"""Pipeline schedules (lab 04): stage splitting, the bubble math, schedule orders and their
+simulation, and the GPipe micro-batch loop.
 
-    from labutils import pipeline
-    pipeline.bubble_fraction(p=2, m=8)                 # 1/9: idle share of a GPipe step
-    pipeline.partition(n_layers=8, p=3)                # [(0, 3), (3, 6), (6, 8)]
-    order = pipeline.schedule_order("1f1b", p=4, m=8)  # per stage: [("F", 0), ..., ("B", 7)]
-    spans, makespan = pipeline.simulate(order, t_f=1, t_b=2)
+    from labutils.labs.lab04_pipeline import schedule
+    schedule.bubble_fraction(p=2, m=8)                 # 1/9: idle share of a GPipe step
+    schedule.partition(n_layers=8, p=3)                # [(0, 3), (3, 6), (6, 8)]
+    order = schedule.schedule_order("1f1b", p=4, m=8)  # per stage: [("F", 0), ..., ("B", 7)]
+    spans, makespan = schedule.simulate(order, t_f=1, t_b=2)
     # inside a rank (any world size p, stage = rank):
-    out = pipeline.gpipe_step(stage, x, y, loss_fn, n_microbatches=8, act_shape=(rows // 8, hidden))
+    out = schedule.gpipe_step(stage, x, y, loss_fn, n_microbatches=8, act_shape=(rows // 8, hidden))
 
 Symbols (GPipe paper: Huang et al., NeurIPS 2019, arXiv:1811.06965): p stages (= ranks, "K" there),
 m micro-batches ("M" there), t_f / t_b forward / backward time of one micro-batch on one stage.
-The math is pure (unit-tested without torch.distributed); ``gpipe_step`` and ``SpanTimer`` run in
-ranks, on CUDA tensors over NCCL or CPU tensors over gloo.
+The math is pure (unit-tested without torch.distributed); ``gpipe_step`` runs in ranks, on CUDA
+tensors over NCCL or CPU tensors over gloo, and records its spans in a ``timing.SpanTimer``.
 """
 from __future__ import annotations
 
 import contextlib
-import time
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -176,51 +176,7 @@ def bubble_from_spans(spans: list[dict]) -> dict:
             "mean": sum(bubble.values()) / len(bubble)}
 
 
-# ---------------------------------------------------------------- timing and the GPipe loop
-
-class SpanTimer:
-    """Start/end marks of work on each device: CUDA events on GPUs, ``perf_counter`` on the CPU.
-
-    ``begin(devices)`` sets time 0 on every device (call it after a synchronize / barrier, so
-    that the devices' zeros coincide); ``with timer.span(device, lane, kind, label): ...`` brackets
-    work; ``spans()`` synchronises and returns ``[{"lane", "kind", "label", "start_ms", "end_ms"}]``.
-    """
-
-    def __init__(self):
-        self._zero: dict = {}
-        self._marks: list = []
-
-    @staticmethod
-    def _mark(device):
-        import torch
-        if device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(device))
-            return ev
-        return time.perf_counter()
-
-    def begin(self, devices) -> None:
-        self._marks = []
-        self._zero = {d: self._mark(d) for d in devices}
-
-    @contextlib.contextmanager
-    def span(self, device, lane: str, kind: str, label: str):
-        start = self._mark(device)
-        yield
-        self._marks.append((device, lane, kind, label, start, self._mark(device)))
-
-    def spans(self) -> list[dict]:
-        import torch
-        for d in self._zero:
-            if d.type == "cuda":
-                torch.cuda.synchronize(d)
-
-        def ms(device, mark):
-            zero = self._zero[device]
-            return zero.elapsed_time(mark) if device.type == "cuda" else (mark - zero) * 1e3
-        return [{"lane": lane, "kind": kind, "label": label, "start_ms": ms(d, a), "end_ms": ms(d, b)}
-                for d, lane, kind, label, a, b in self._marks]
-
+# ---------------------------------------------------------------- the GPipe loop
 
 def _chunks(t, m: int, what: str):
     if t.shape[0] % m:
@@ -229,7 +185,7 @@ def _chunks(t, m: int, what: str):
     return list(t.chunk(m))
 
 
-def gpipe_step(stage, x, target, loss_fn, n_microbatches: int, act_shape, *, timer: SpanTimer | None = None):
+def gpipe_step(stage, x, target, loss_fn, n_microbatches: int, act_shape, *, timer=None):
     """One GPipe training step on this rank's stage: forward of all m micro-batches, then backward.
 
     Stage s = rank s of the default group, p = world_size. Forward: stage s receives micro-batch i's
@@ -244,7 +200,8 @@ def gpipe_step(stage, x, target, loss_fn, n_microbatches: int, act_shape, *, tim
         loss_fn: ``loss_fn(output, target)``, a mean over rows (e.g. ``F.mse_loss``).
         n_microbatches: m; must divide the batch.
         act_shape: shape of one micro-batch's activation between stages, e.g. ``(rows // m, hidden)``.
-        timer: optional ``SpanTimer``: forward spans (loss included) and backward spans per micro-batch.
+        timer: optional ``labutils.timing.SpanTimer``: forward spans (loss included) and backward
+            spans per micro-batch.
 
     Returns:
         The full-batch output (micro-batch outputs concatenated, detached) on the last rank, else None.

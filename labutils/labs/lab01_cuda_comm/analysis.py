@@ -1,7 +1,7 @@
 """Lab 01's analysis, pure (no GPU): alpha-beta fits of a sweep, profiler kernel names, and the
 verdicts on the source's four claims, all computed from recorded or live JSON data::
 
-    from labutils import cudacomm_analysis as analysis
+    from labutils.labs.lab01_cuda_comm import analysis
     analysis.fits(sweep)["comm.broadcast"]            # AlphaBeta(alpha_us, beta_gbps)
     analysis.claims(sweep, dtypes, rules, many, redundant, link_peak_gbps=478.1)
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from . import bandwidth
-from .bandwidth import format_size
+from ... import bandwidth
+from ...bandwidth import format_size
 
 
 def fits(sweep: dict) -> dict:
-    """``{op: bandwidth.AlphaBeta}`` fitted to the medians of a ``cudacomm_bench.sweep`` result."""
+    """``{op: bandwidth.AlphaBeta}`` fitted to the medians of a ``measure.sweep`` result."""
     return {op: bandwidth.fit_alpha_beta(sweep["sizes"], d["median_ms"]) for op, d in sweep["ops"].items()}
 
 
@@ -96,8 +96,8 @@ def claims(sweep: dict, dtypes: dict, rules: dict, many: dict, redundant: dict,
            link_peak_gbps: float | None = None) -> list[dict]:
     """Verdict on each of the source's four tips, with the measured numbers behind it.
 
-    Args: the results of ``cudacomm_bench.sweep``, ``dtype_costs``, ``many_small``,
-        ``redundant`` and ``cudacomm.dtype_rules``; ``link_peak_gbps`` the NVLink peak per
+    Args: the results of ``measure.sweep``, ``dtype_costs``, ``many_small``,
+        ``redundant`` and ``verify.dtype_rules``; ``link_peak_gbps`` the NVLink peak per
         direction (None if unknown).
 
     Returns:

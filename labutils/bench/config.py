@@ -1,25 +1,25 @@
-"""The pure part of ``python -m labutils bench``: what to sweep, the buffers' sizes, the check's data.
+"""The pure part of the benchmark: what to sweep, the buffers' sizes, the correctness check's data.
 
 No process group and no GPU code (torch is imported only inside the two helpers that take
 tensors): ``BenchConfig`` holds the options (nccl-tests' names in its comments) and validates
 them; ``layout`` gives one point's element counts as nccl-tests' ``*GetCollByteCount`` does;
-``_tile`` / ``_fill`` / ``_reduce_tiles`` make the rank- and position-dependent input pattern of
-the correctness check and the values its result must have; ``count_wrong`` compares::
+``pattern_tile`` / ``fill_pattern`` / ``reduce_tiles`` make the rank- and position-dependent input
+pattern of the correctness check and the values its result must have; ``count_wrong`` compares::
 
-    from labutils.bench_config import BenchConfig, layout, planned_points
+    from labutils.bench.config import BenchConfig, layout, planned_points
     cfg = BenchConfig(maxbytes=2**20, datatype="bf16")            # datatype -> "bfloat16"
     layout("all_gather", 2**20, cfg.itemsize, 8)["count"]         # per-rank count: 65536
     planned_points(cfg, 8)                                        # rows the sweep will print
 
-``labutils.bench_ops`` (the rank side: buffers, ops, timing, ``sweep``) uses this and re-exports
-its public names.
+``labutils.bench.ops`` (buffers, op callables, the check) and ``labutils.bench.sweep`` (the
+rank side of a run) use it.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from . import bandwidth
+from .. import bandwidth
 
 PLACEMENTS = ("out-of-place", "in-place")
 FORMS = {"all_reduce": ("in-place",), "all_gather": PLACEMENTS, "reduce_scatter": PLACEMENTS,
@@ -132,7 +132,7 @@ def planned_points(config: BenchConfig, world_size: int) -> int:
                if layout(c, s, config.itemsize, world_size)["count"] > 0)
 
 
-def _tile(rank: int, seed: int, collective: str, redop: str) -> list:
+def pattern_tile(rank: int, seed: int, collective: str, redop: str) -> list:
     """One period of the input pattern of ``rank``: small integers, exact in every datatype.
 
     Sums use 1..5 (exact in bf16 up to 51 ranks), products 1..2, the rest 0..60; the value at
@@ -146,11 +146,11 @@ def _tile(rank: int, seed: int, collective: str, redop: str) -> list:
 _REDUCE = {"sum": sum, "avg": lambda v: sum(v) / len(v), "prod": math.prod, "max": max, "min": min}
 
 
-def _reduce_tiles(tiles: list, redop: str) -> list:
+def reduce_tiles(tiles: list, redop: str) -> list:
     return [_REDUCE[redop](vals) for vals in zip(*tiles)]
 
 
-def _fill(dst, tile: list, offset: int) -> None:
+def fill_pattern(dst, tile: list, offset: int) -> None:
     """``dst[i] = tile[(offset + i) mod len(tile)]``, cast to dst's dtype (ints wrap, as NCCL's)."""
     import torch
     if dst.numel() == 0:
@@ -177,7 +177,7 @@ def count_wrong(got, expected) -> int:
     return int(bad.sum().item())
 
 
-def _need_bytes(cfg: BenchConfig, n: int) -> int:
+def bytes_per_rank(cfg: BenchConfig, n: int) -> int:
     """Peak bytes one rank allocates: the three buffers of the largest collective plus the
     temporaries of a fill/compare (about two more output-sized arrays)."""
     lays = [layout(c, cfg.maxbytes, cfg.itemsize, n) for c in cfg.collectives]

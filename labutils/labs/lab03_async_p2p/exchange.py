@@ -1,25 +1,19 @@
-"""Point-to-point communication for lab 03: the source's isend/irecv example, its fixes, and rings.
+"""Lab 03's exchange: the source's isend/irecv example as written, and three correct versions.
 
 Every rank function here has the ``fn(rank, world_size, ...)`` form of ``labutils.launch`` and runs
 on gloo (CPU tensors) and NCCL (one GPU per rank)::
 
     import labutils
-    from labutils import p2p
-    p2p.report_fixes(labutils.launch(p2p.fixed_versions, backend="gloo"))   # three correct gathers
-    labutils.launch(p2p.ring_vs_collective, p2p.ring_all_gather, [2**20])   # ring vs NCCL timing
+    from labutils.labs.lab03_async_p2p import exchange
+    exchange.report_fixes(labutils.launch(exchange.fixed_versions, backend="gloo"))  # three correct gathers
 
 * ``source_as_written``: the second source's rank function (002, section 5.2), verbatim except that
   it returns checksums instead of printing; ``diagnose_source`` reads them.
 * ``gather_ordered`` / ``gather_batched`` / ``gather_collective``: three correct exchanges,
   verified by ``fixed_versions`` against the one-device reference ``tensor * 2``.
-* ``ring_all_gather`` / ``ring_all_reduce``: rings written with ``batch_isend_irecv`` (the
-  reference solutions of the lab's exercises).
 
-Re-exported here, so that the lab calls everything as ``p2p.<name>``: the deadlock machinery of
-``labutils.p2p_hang`` (``source_exchange_traced`` / ``hang_demo`` / ``hang_verdict``: the source's
-send-all-then-receive-all on CUDA tensors under NCCL, run under a short labutils timeout with a
-per-rank step log that survives the kill, and the verdict formatted from what actually happened)
-and ``labutils.p2p_bench.ring_vs_collective`` (a ring timed against NCCL the nccl-tests way).
+The same exchange on CUDA tensors under NCCL, and its hang, are in ``hang``; the rings of the
+lab's exercises in ``labutils.solutions.lab03``, timed against NCCL by ``measure``.
 """
 from __future__ import annotations
 
@@ -28,12 +22,8 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from .compat import all_gather_into_tensor as all_gather_tensor  # noqa: F401 - used by the lab
-from .config import rank_device  # noqa: F401 - used by the lab and its checkers
-from .p2p_bench import ring_vs_collective  # noqa: F401 - re-exported for the labs
-from .p2p_hang import (  # noqa: F401 - re-exported for the labs
-    StepLog, describe_steps, hang_demo, hang_verdict, leftover_ranks, read_steps, source_exchange_traced,
-    try_launch)
+from ...compat import all_gather_into_tensor
+from ...config import rank_device
 
 SOURCE_ROWS = SOURCE_COLS = 1000  # torch.randn(1000, 1000) in the source
 SEED = 0
@@ -179,7 +169,7 @@ def gather_collective(result: torch.Tensor, rows: list[int]) -> torch.Tensor:
     padded = result.new_zeros(m, *result.shape[1:])
     padded[: result.shape[0]] = result
     out = result.new_empty(n * m, *result.shape[1:])
-    all_gather_tensor(out, padded)
+    all_gather_into_tensor(out, padded)
     return torch.cat([out[k * m: k * m + rows[k]] for k in range(n)], dim=0)
 
 
@@ -211,72 +201,3 @@ def report_fixes(per_rank: list[dict]) -> list[str]:
         lines.append(f"{name:<27} shape {' / '.join(map(str, shapes))}, "
                      f"equals tensor * 2 on every rank: {ok}")
     return lines
-
-
-# ------------------------------------------------------------------------------------------------
-# Rings (reference solutions of the exercises)
-# ------------------------------------------------------------------------------------------------
-
-def _neighbours(group) -> tuple[int, int, int, int]:
-    """(rank in group, group size, right neighbour, left neighbour) with global ranks for peers."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    peer = (lambda k: k) if group is None else (lambda k: dist.get_global_rank(group, k))
-    return r, n, peer((r + 1) % n), peer((r - 1) % n)
-
-
-def _step(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> None:
-    """One ring step: send to the right and receive from the left *together* (one batch), so that
-    no rank's send waits for a receive that is queued behind it."""
-    ops = []
-    if send.numel():
-        ops.append(dist.P2POp(dist.isend, send, right, group))
-    if recv.numel():
-        ops.append(dist.P2POp(dist.irecv, recv, left, group))
-    for req in dist.batch_isend_irecv(ops) if ops else []:
-        req.wait()
-
-
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None) -> None:
-    """Ring all-gather with point-to-point ops; same contract as ``all_gather_into_tensor``.
-
-    ``output`` (contiguous, ``n`` times ``input``'s elements) gets rank k's ``input`` in chunk k.
-    Step s = 0 .. n-2: rank r sends chunk (r - s) mod n to r + 1 and receives chunk (r - s - 1) mod n
-    from r - 1, so after n - 1 steps every chunk has travelled around the ring (each rank sends
-    (n-1)/n of the output: nccl-tests' all_gather bus factor).
-
-    Raises:
-        ValueError: ``output`` not contiguous or not ``world_size`` times the size of ``input``.
-    """
-    r, n, right, left = _neighbours(group)
-    if not output.is_contiguous() or output.numel() != n * input.numel():
-        raise ValueError(f"output must be contiguous with {n} x {input.numel()} elements, got "
-                         f"{output.numel()} (contiguous: {output.is_contiguous()}).")
-    chunks = output.view(n, -1)
-    chunks[r].copy_(input.reshape(-1))
-    for s in range(n - 1):
-        _step(chunks[(r - s) % n], chunks[(r - s - 1) % n], right, left, group)
-
-
-def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
-    """Ring all-reduce (sum, in place) = ring reduce-scatter + ring all-gather, with P2P ops.
-
-    The flat tensor is split with ``tensor_split(n)`` (every rank gets the same chunk sizes).
-    Reduce-scatter, step s: send chunk (r - s) mod n, receive chunk (r - s - 1) mod n and add it;
-    afterwards rank r holds the full sum of chunk (r + 1) mod n. All-gather, step s: send chunk
-    (r + 1 - s) mod n, receive chunk (r - s) mod n. Source: Patarasuk & Yuan, "Bandwidth optimal
-    all-reduce algorithms for clusters of workstations", JPDC 2009.
-
-    Raises:
-        ValueError: ``tensor`` not contiguous.
-    """
-    r, n, right, left = _neighbours(group)
-    if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce needs a contiguous tensor. HINT: pass tensor.contiguous().")
-    chunks = tensor.view(-1).tensor_split(n)
-    scratch = torch.empty_like(chunks[0])  # tensor_split puts the larger chunks first
-    for s in range(n - 1):
-        into = scratch[: chunks[(r - s - 1) % n].numel()]
-        _step(chunks[(r - s) % n], into, right, left, group)
-        chunks[(r - s - 1) % n].add_(into)  # stream-ordered after the receive by wait()
-    for s in range(n - 1):
-        _step(chunks[(r + 1 - s) % n], chunks[(r - s) % n], right, left, group)

@@ -1,16 +1,14 @@
-"""Lab 04's model and measurements (the correctness harness is in ``pipeline_check``, re-exported here).
+"""Lab 04's measurements: one GPU vs naive model parallelism in one process, and on ranks the
+GPipe sweep over m, one-way P2P of the activation messages, peak memory and
+``torch.distributed.pipelining``'s schedules::
 
-    from labutils import pipeline_bench as pb
-    blocks = pb.make_blocks(8, 4096, device="cuda:0", dtype=torch.bfloat16)   # the model
-    pb.summarize_check(labutils.launch(pb.check_rank, pipeline.gpipe_step), "gpipe_step")  # == one device
-    data = pb.merge(labutils.launch(pb.measure_rank, pb.BENCH))               # GPipe sweep, P2P, schedules
-    data = pb.measure_one_process(pb.BENCH)                                    # naive MP on cuda:0 + cuda:1
+    from labutils.labs.lab04_pipeline import measure
+    data = measure.merge(labutils.launch(measure.measure_rank, measure.BENCH))   # on >= 2 GPUs
+    data = measure.measure_one_process(measure.BENCH)                            # cuda:0 + cuda:1
 
-The model is a stack of pre-LayerNorm residual MLP blocks (a transformer without attention): every
-block keeps the activation's shape (rows, hidden), so any cut between blocks sends rows x hidden values.
-Rank functions run on ``cuda:<rank>`` under NCCL and on the CPU under gloo. ``SMALL``, ``check_rank``,
-``summarize_check`` and the ``torch.distributed.pipelining`` wrappers (``available_schedules``,
-``make_schedule``, ``run_schedule``, ``torch_schedule_step``) live in ``labutils.pipeline_check``.
+Spans come from a ``timing.SpanTimer`` (CUDA events on GPUs); a step is the slowest rank's end,
+its bubble ``schedule.bubble_from_spans``'s. Rank functions run on ``cuda:<rank>`` under NCCL and
+on the CPU under gloo (where the tests run them with a tiny configuration).
 """
 from __future__ import annotations
 
@@ -23,52 +21,18 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import timing
-from .config import rank_device
-from .pipeline import SpanTimer, bubble_fraction, bubble_from_spans, gpipe_step, partition
-from .pipeline_check import available_schedules, make_schedule, run_schedule
-from .pipeline_check import (  # noqa: F401 - re-exported for the labs
-    SMALL, check_rank, summarize_check, torch_schedule_step)
+from ... import timing
+from ...config import rank_device
+from .model import make_batch, make_blocks
+from .pipelining import available_schedules, make_schedule, run_schedule
+from .schedule import bubble_fraction, bubble_from_spans, gpipe_step, partition
 
 # Measurements on 2xH200: ~1.1 G parameters in bf16, 8192 rows per step (a ~80 ms step on one GPU).
 BENCH = {"n_layers": 8, "hidden": 4096, "rows": 8192, "dtype": "bfloat16", "ms": [1, 2, 4, 8, 16],
          "schedule_m": 8, "warmup": 3, "repeat": 8}
 
 
-class Block(nn.Module):
-    """x + W2 gelu(W1 LayerNorm(x)): the MLP half of a transformer layer (8 hidden^2 weights)."""
-
-    def __init__(self, hidden: int, device=None, dtype=None):
-        super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.norm = nn.LayerNorm(hidden, **kw)
-        self.fc1 = nn.Linear(hidden, 4 * hidden, **kw)
-        self.fc2 = nn.Linear(4 * hidden, hidden, **kw)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-def make_blocks(n_layers: int, hidden: int, *, seed: int = 0, device="cpu", dtype=torch.float32,
-                layers=None) -> list[Block]:
-    """Blocks ``layers`` (default: all) of the model; block i is initialised from seed ``seed + i``
-    on ``device``, so every rank builds the same weights for the blocks it owns."""
-    out = []
-    for i in (range(n_layers) if layers is None else layers):
-        torch.manual_seed(seed + i)
-        out.append(Block(hidden, device=device, dtype=dtype))
-    return out
-
-
-def make_batch(rows: int, hidden: int, *, seed: int = 1000, device="cpu", dtype=torch.float32):
-    """(x, target), both ``rows x hidden``, drawn on ``device`` from a seeded generator."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    return tuple(torch.randn(rows, hidden, generator=g, device=device, dtype=dtype) for _ in range(2))
-
-
-# ---------------------------------------------------------------- measurements
-
-def naive_step(stages, devices, x, target, loss_fn, timer: SpanTimer | None = None):
+def naive_step(stages, devices, x, target, loss_fn, timer: timing.SpanTimer | None = None):
     """Naive model parallelism in one process: stage s on ``devices[s]``, the activation moved with
     ``.to()``; backward stage by stage, the gradient moved back with ``.to()``. Returns the loss."""
     span = timer.span if timer is not None else (lambda *_: contextlib.nullcontext())
@@ -94,8 +58,7 @@ def naive_step(stages, devices, x, target, loss_fn, timer: SpanTimer | None = No
 
 def _sync(devices) -> None:
     for d in {torch.device(d) for d in devices}:
-        if d.type == "cuda":
-            torch.cuda.synchronize(d)
+        timing.Clock(d).synchronize()
 
 
 def measure_one_process(cfg=None, devices=("cuda:0", "cuda:1")) -> dict:
@@ -117,7 +80,7 @@ def measure_one_process(cfg=None, devices=("cuda:0", "cuda:1")) -> dict:
     t1 = timing.benchmark(one_gpu, warmup=cfg["warmup"], repeat=cfg["repeat"], device=devs[0])
     full.zero_grad(set_to_none=True)
     stages = [nn.Sequential(*blocks[a:b]).to(devs[s]) for s, (a, b) in enumerate(partition(L, len(devs)))]
-    timer, samples = SpanTimer(), []
+    timer, samples = timing.SpanTimer(), []
     for i in range(cfg["warmup"] + cfg["repeat"]):
         _sync(devs)
         timer.begin(devs)
@@ -190,7 +153,7 @@ def measure_rank(rank, world_size, cfg=None) -> dict:
     lo, hi = partition(L, p)[rank]
     stage = nn.Sequential(*make_blocks(L, H, device=dev, dtype=dtype, layers=range(lo, hi)))
     x, y = make_batch(N, H, device=dev, dtype=dtype)
-    timer, W, R = SpanTimer(), cfg["warmup"], cfg["repeat"]
+    timer, W, R = timing.SpanTimer(), cfg["warmup"], cfg["repeat"]
     zero = functools.partial(stage.zero_grad, set_to_none=False)  # keeps .grad allocated
 
     def ours(m):

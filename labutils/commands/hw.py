@@ -7,7 +7,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .hw import describe
+    from ..hw import describe
     info = describe()
     print(info.fingerprint() if args.fingerprint else info)
     return 0

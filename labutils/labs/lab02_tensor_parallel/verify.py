@@ -5,21 +5,21 @@ verdicts (never timings), so its output is the same on gloo + CPU tensors and on
 what a notebook's checked cell prints::
 
     import labutils
-    from labutils import tp_check                    # the same names are in labutils.tp_bench
-    labutils.launch(tp_check.verify_mlp, backend="gloo")[0]   # {quantity: "assert_close OK"}
-    labutils.launch(tp_check.uneven_list_gather, backend="gloo", world_size=2)[0]["gloo"]
+    from labutils.labs.lab02_tensor_parallel import verify
+    labutils.launch(verify.verify_mlp, backend="gloo")[0]   # {quantity: "assert_close OK"}
+    labutils.launch(verify.uneven_list_gather, backend="gloo", world_size=2)[0]["gloo"]
 
 ``verify_mlp``: TensorParallelMLP against the one-device MLP it was sharded from (forward output
 and every gradient). ``uneven_list_gather``: ``dist.all_gather`` into tensors of different sizes.
-``DTYPES`` is shared with the measurements in ``tp_bench``.
+``DTYPES`` is shared with the measurements in ``measure``.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .config import rank_device
-from .tensor_parallel import TensorParallelMLP, reference_mlp, shard
+from ...config import rank_device
+from .layers import TensorParallelMLP, reference_mlp, shard
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 def notebooks_dir() -> Path:
     """``./notebooks`` if it exists, else the one beside the installed package."""
     here = Path.cwd() / "notebooks"
-    return here if here.is_dir() else Path(__file__).resolve().parent.parent / "notebooks"
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def find_labs(directory: Path, selected: list[str]) -> list[Path]:
@@ -96,7 +96,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from tqdm.auto import tqdm
-    from .hw import detect_mode
+    from ..hw import detect_mode
     directory = args.dir or notebooks_dir()
     labs = find_labs(directory, args.labs)
     if args.record:

@@ -1,8 +1,9 @@
-"""Copy bandwidth of one process: host<->device, on one device, and GPU to GPU (lab 00).
+"""Lab 00's measurements: copy bandwidth of one process (host<->device, on one device, GPU to GPU)
+and what starting a process costs.
 
-    from labutils import copybw
-    data = copybw.measure_local([2**k for k in range(12, 31, 2)])   # needs 1 GPU
-    data = copybw.measure_peer([2**k for k in range(12, 31, 2)])    # needs 2 GPUs
+    from labutils.labs.lab00_setup import measure
+    data = measure.measure_local([2**k for k in range(12, 31, 2)])   # needs 1 GPU
+    data = measure.measure_peer([2**k for k in range(12, 31, 2)])    # needs 2 GPUs
 
 Bandwidth here is *bytes copied / time* (what ``algbw`` means for a copy). A device-to-device copy
 on one GPU reads and writes every byte, so its memory traffic is twice that figure.
@@ -16,8 +17,8 @@ import sys
 import time
 from typing import Sequence
 
-from . import timing
-from .bandwidth import algbw_gbps, fit_alpha_beta
+from ... import timing
+from ...bandwidth import algbw_gbps, fit_alpha_beta
 
 
 def repeats_for(size_bytes: int) -> int:

@@ -15,27 +15,28 @@ split_to_tp_region       keep this rank's slice      all_gather on the last dim 
 =======================  ==========================  ==========================  =========
 
 Every function takes ``group`` (None = the default group) and an optional ``timer``
-(:class:`CommTimer`) that brackets the collective with CUDA events *inside* a real step, so the
-lab can say how long the communication of a step took. With one rank every function is the
-identity. Run the CPU tests with ``pytest tests/test_tensor_parallel.py``.
+(:class:`CommTimer`) that brackets the collective with ``timing.Clock`` marks (CUDA events on a
+GPU) *inside* a real step, so the lab can say how long the communication of a step took. With one
+rank every function is the identity. Run the CPU tests with ``pytest tests/test_tensor_parallel.py``.
 """
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
 
-from .compat import all_gather_into_tensor, reduce_scatter_tensor  # noqa: F401 - re-exported
+from ... import timing
+from ...compat import all_gather_into_tensor
 
 
 class CommTimer:
-    """Times the collectives that ``tp_comm`` issues inside a step, per name, in ms.
+    """Times the collectives that these operators issue inside a step, per name, in ms.
 
-    On CUDA each collective is bracketed by two events recorded on the *current* stream: a
-    blocking NCCL call makes that stream wait for NCCL's, so the pair measures what the step
-    really waited for (the transfer plus any wait for a slower rank). On CPU, perf_counter.
+    Each collective is bracketed by two ``timing.Clock`` marks on the tensor's device: on CUDA,
+    events on the *current* stream -- a blocking NCCL call makes that stream wait for NCCL's, so
+    the pair measures what the step really waited for (the transfer plus any wait for a slower
+    rank); on CPU, perf_counter.
 
     Usage::
 
@@ -57,25 +58,18 @@ class CommTimer:
         if not self.enabled:
             yield
             return
-        if tensor.is_cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            stop.record()
-        else:
-            start = time.perf_counter()
-            yield
-            stop = time.perf_counter()
-        self._records.append((name, start, stop))
+        clock = timing.Clock(tensor.device)
+        start = clock.mark()
+        yield
+        self._records.append((name, clock, start, clock.mark()))
 
     def times_ms(self) -> dict[str, list[float]]:
         """Elapsed ms of every timed collective, grouped by name (synchronises the GPU)."""
         out: dict[str, list[float]] = {}
-        if any(isinstance(s, torch.cuda.Event) for _, s, _ in self._records):
-            torch.cuda.synchronize()
-        for name, start, stop in self._records:
-            ms = start.elapsed_time(stop) if isinstance(start, torch.cuda.Event) else (stop - start) * 1e3
-            out.setdefault(name, []).append(ms)
+        for clock in {c.device: c for _, c, _, _ in self._records}.values():
+            clock.synchronize()
+        for name, clock, start, stop in self._records:
+            out.setdefault(name, []).append(clock.elapsed_ms(start, stop))
         return out
 
     def reset(self) -> None:
@@ -90,7 +84,8 @@ def _world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _check_divisible(size: int, world_size: int, what: str) -> None:
+def check_divisible(size: int, world_size: int, what: str) -> None:
+    """Raise ValueError (with a HINT) unless ``size`` splits into ``world_size`` equal shards."""
     if size % world_size:
         raise ValueError(f"{what} = {size} is not divisible by the tensor-parallel world size "
                          f"{world_size}. HINT: Megatron-style layers need equal shards; choose a "
@@ -114,7 +109,7 @@ def _gather_last_dim(x: torch.Tensor, group, timer, name: str) -> torch.Tensor:
 
 def _split_last_dim(x: torch.Tensor, group) -> torch.Tensor:
     rank, n = _world(group)
-    _check_divisible(x.shape[-1], n, "the last dimension")
+    check_divisible(x.shape[-1], n, "the last dimension")
     return x.chunk(n, dim=-1)[rank].contiguous()
 
 

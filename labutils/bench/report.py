@@ -1,10 +1,11 @@
 """What ``python -m labutils bench`` prints and writes: the nccl-tests table, the summary, CSV/JSON,
 the busbw plot and alpha-beta fits. Pure functions of the result (no GPU, no processes)::
 
-    doc = bench_report.make_doc(result, fingerprint=..., link_peak_gbps=478.1)
-    print("\\n".join(bench_report.table_lines(doc)))
+    from labutils.bench import report
+    doc = report.make_doc(result, fingerprint=..., link_peak_gbps=478.1)
+    print("\\n".join(report.table_lines(doc)))
 
-``result`` is what ``bench_ops.sweep`` returns: ``meta``, ``latency`` and ``rows`` (one per
+``result`` is what ``labutils.bench.sweep.sweep`` returns: ``meta``, ``latency`` and ``rows`` (one per
 collective, size and placement; ``time_us``, ``algbw_gbps``, ``busbw_gbps``, ``wrong``).
 Column layout and number formats are nccl-tests' (``src/common.cu``, ``Reporter``).
 """
@@ -18,8 +19,8 @@ import math
 import statistics
 from pathlib import Path
 
-from . import bandwidth
-from .bench_ops import FORMS, PLACEMENTS
+from .. import bandwidth
+from .config import FORMS, PLACEMENTS
 
 _HEAD = ("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
          % ("", "", "", "", ""))
@@ -44,7 +45,7 @@ def format_time_us(us: float | None) -> str:
 def make_doc(result: dict, *, fingerprint: str, link_peak_gbps: float | None = None,
              command: str = "", recorded_at: str | None = None, wall_s: float | None = None) -> dict:
     """The JSON document: the sweep's result plus provenance (date: now unless given) and the summary."""
-    from . import __version__
+    from .. import __version__
     doc = {"tool": "labutils bench", "labutils_version": __version__, "command": command,
            "recorded_at": recorded_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "fingerprint": fingerprint, "link_peak_gbps": link_peak_gbps, "wall_s": wall_s, **result}
@@ -250,7 +251,7 @@ def primary_rows(doc: dict, collective: str) -> list[dict]:
 def busbw_figure(doc: dict, title: str | None = None, prediction=None):
     """busbw vs size, one line per collective, with the link peak dotted (``plots.bandwidth_plot``);
     ``prediction=(size_bytes, gbps)`` adds the learner's star."""
-    from .plots import bandwidth_plot
+    from ..plots import bandwidth_plot
     colls = list(dict.fromkeys(r["collective"] for r in doc["rows"]))
     sizes = sorted({r["size_bytes"] for c in colls for r in primary_rows(doc, c)})
     series = {}

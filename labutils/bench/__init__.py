@@ -1,0 +1,13 @@
+"""The collective benchmark behind ``python -m labutils bench``, measured the way nccl-tests measures.
+
+* ``config``: what to sweep (``BenchConfig``, nccl-tests' options), buffer layouts, the correctness
+  check's input pattern -- pure, no GPU;
+* ``ops``: one collective's buffers and op callables on a rank, and its correctness check
+  (``verify_case``, ``verify_one``);
+* ``sweep``: the rank side of a run (every collective, every size: timed, then verified);
+* ``run``: the driver (ranks started by ``labutils.launch``, or this process under ``torchrun``),
+  progress, files;
+* ``report``: the nccl-tests table, summary, CSV/JSON, busbw plot and alpha-beta fits of a result.
+
+The command line is ``labutils.commands.bench``.
+"""

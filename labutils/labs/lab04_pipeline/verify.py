@@ -1,0 +1,94 @@
+"""Lab 04's correctness harness: a pipelined step == the same step on one device.
+
+    from labutils.labs.lab04_pipeline import pipelining, schedule, verify
+    verify.report(labutils.launch(verify.against_one_device, schedule.gpipe_step), "gpipe_step")
+    verify.report(labutils.launch(verify.against_one_device, pipelining.torch_schedule_step),
+                  "torch ScheduleGPipe")
+
+``against_one_device`` runs a step function with the ``gpipe_step`` contract on the small float64
+model (``SMALL``, built by ``model.make_blocks``) and compares the last stage's output and every
+stage's gradients with the one-device model, which each rank also computes; ``report`` prints one
+line per number of micro-batches, or raises. Rank functions run on ``cuda:<rank>`` under NCCL and
+on the CPU under gloo.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...config import rank_device
+from .model import make_batch, make_blocks
+from .schedule import partition
+
+# Correctness: small and float64, so that "equal" means equal to ~1e-15, whatever the device.
+SMALL = {"n_layers": 8, "hidden": 16, "rows": 48, "dtype": "float64"}
+
+
+def _compare(got, want, what: str) -> str:
+    try:
+        torch.testing.assert_close(got, want)
+        return "ok"
+    except AssertionError as exc:
+        return f"{what}: {str(exc).splitlines()[0]} {' '.join(str(exc).split()[1:12])}"
+
+
+def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=None) -> dict:
+    """In a rank: run ``step(stage, x, target, loss_fn, m, act_shape)`` (the ``gpipe_step``
+    contract) on the small model, and compare with the one-device model computed on this rank.
+
+    Returns:
+        ``{m: {"output": "ok" | message | None (not the last rank), "grads": "ok" | message,
+        "n_grads": int}}`` plus ``"not_attempted": bool`` (``step`` raised NotImplementedError and
+        ``fallback`` ran instead).
+    """
+    cfg = {**SMALL, **(cfg or {})}
+    dev, dtype = rank_device(), getattr(torch, cfg["dtype"])
+    L, H, N = cfg["n_layers"], cfg["hidden"], cfg["rows"]
+    lo, hi = partition(L, world_size)[rank]
+    first, last = rank == 0, rank == world_size - 1
+    out = {"not_attempted": False}
+    for m in ms:
+        blocks = make_blocks(L, H, device=dev, dtype=dtype)
+        x, y = make_batch(N, H, device=dev, dtype=dtype)
+        ref = nn.Sequential(*copy.deepcopy(blocks))
+        ref_out = ref(x)
+        F.mse_loss(ref_out, y).backward()
+        stage = nn.Sequential(*blocks[lo:hi])
+        args = (stage, x if first else None, y if last else None, F.mse_loss, m, (N // m, H))
+        try:
+            got = step(*args)
+        except NotImplementedError:
+            if fallback is None:
+                raise
+            out["not_attempted"] = True
+            got = fallback(*args)
+        ref_grads = [q.grad for q in ref[lo:hi].parameters()]
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in stage.parameters()]
+        res = {"output": None, "n_grads": len(grads),
+               "grads": _compare(grads, ref_grads, f"stage {rank} gradients")}
+        if last:
+            res["output"] = ("the last rank returned None instead of the output" if got is None
+                             else _compare(got, ref_out.detach(), "output"))
+        out[m] = res
+    return out
+
+
+def report(results: list, label: str) -> None:
+    """Print one line per m for the ranks' ``against_one_device`` results; raise on any mismatch.
+
+    Raises:
+        AssertionError: a rank's output or gradients differ from the one-device model.
+    """
+    p = len(results)
+    ms = [k for k in results[0] if k != "not_attempted"]
+    for m in ms:
+        bad = [f"rank {r}: {res[m][k]}" for r, res in enumerate(results) for k in ("output", "grads")
+               if res[m][k] not in ("ok", None)]
+        if bad:
+            raise AssertionError(f"{label}, {p} stages, m = {m}: " + "; ".join(bad))
+        n = sum(res[m]["n_grads"] for res in results)
+        print(f"{label}, {p} stages, m = {m}: output == one device: True, "
+              f"gradients == one device: True ({n} tensors on {p} ranks)")
