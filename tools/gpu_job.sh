@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Long GPU session in the background, for device tools whose single command is time-limited.
+# tools/gpu_session.sh in the background, for a GPU machine reached through a runner that lets one
+# command run only for a limited time: start it, then collect its results with as many waits as needed.
 #
-#   tools/gpu_job.sh start "<gpu_session.sh options>"   # copy the tree to /tmp/gpujob, start detached
+#   tools/gpu_job.sh start "<gpu_session.sh options>"   # copy the tree to the job folder, start detached
 #   tools/gpu_job.sh wait SECONDS OUTDIR                # wait up to SECONDS; copy logs/results to OUTDIR
 #
-# The job runs in a copy of the checkout (/tmp/gpujob) so that later calls, which refresh the working
-# tree, cannot overwrite notebooks while they are being executed. `wait` returns early when the job ends
-# and always leaves the newest partial results (gpu_results.tar, logs) in OUTDIR.
+# The job runs in a copy of the checkout ($GPU_JOB_DIR, default labutils-gpujob in the system's temp
+# folder), so that whatever refreshes the working tree meanwhile cannot overwrite notebooks while they are
+# being executed. `wait` returns early when the job ends and always leaves the newest partial results
+# (gpu_results.tar, logs) in OUTDIR.
 set -uo pipefail
 cmd="${1:-}"; shift || true
-job=/tmp/gpujob
+job="${GPU_JOB_DIR:-${TMPDIR:-/tmp}/labutils-gpujob}"
 case "$cmd" in
   start)
     rm -rf "$job" && mkdir -p "$job" && cp -a . "$job/src"
@@ -19,7 +21,7 @@ case "$cmd" in
     echo "started job in $job (pid $!)"
     ;;
   wait)
-    secs="${1:-500}"; out="${2:-/tmp/gpu_out}"; mkdir -p "$out"
+    secs="${1:-500}"; out="${2:?usage: $0 wait SECONDS OUTDIR}"; mkdir -p "$out" && out="$(cd "$out" && pwd)"
     end=$(( $(date +%s) + secs ))
     while [ ! -f "$job/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
     cp "$job"/session.log "$out/" 2>/dev/null

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Execute the labs (and optionally the tests and benchmarks) on a GPU machine without a package
-# registry, and pack what must be committed into one tar file.
+# Execute the labs (and optionally the tests and benchmarks) on a GPU machine, and pack what must be
+# committed into one tar file.
 #
-#   ../shared/tools/device-wheels.sh            # once, on a machine with pip: Jupyter/nbval wheels -> .whl/
+#   tools/fetch-wheels.sh          # only for a GPU machine without a package index: on a machine with
+#                                  # pip, once; copy .whl/ along with the checkout
 #   tools/gpu_session.sh [--labs "00 01"] [--no-labs] [--single-gpu] [--tests] [--bench] [--out DIR]
 #
-# Installs .whl/*.whl into /tmp/site (offline), then:
+# Installs .whl/*.whl (if any) offline into .whl/site, then:
 #   --labs   python -m labutils run-labs --inplace --record   (notebooks + notebooks/recorded/*.json)
 #   --single-gpu  every lab again with CUDA_VISIBLE_DEVICES=0 (the 1-GPU mode; nothing is saved)
 #   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks)
 #   --bench  the benchmark scripts whose recorded output lives in benchmarks/
-# and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs.
+# and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs
+# (DIR defaults to gpu_out/ in the checkout, git-ignored).
 set -uo pipefail
-labs="" run_labs=1 run_single=0 run_tests=0 run_bench=0 out="${OUT:-/tmp/gpu_out}" cell_timeout=300
+labs="" run_labs=1 run_single=0 run_tests=0 run_bench=0 out="" cell_timeout=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --labs) labs="$2"; shift 2 ;;
@@ -25,11 +27,14 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+[ -n "$out" ] && mkdir -p "$out" && out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
+out="${out:-$PWD/gpu_out}"
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+  site="$PWD/.whl/site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
+  export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
