@@ -16,7 +16,9 @@ import torch.distributed as dist
 import labutils
 from labutils.checks import ExerciseError
 from labutils.checks import lab09 as check
+from labutils import compat
 from labutils.labs.lab09_all_to_all import measure, verify
+from labutils.labs.lab09_all_to_all.wire import WireLedger
 from labutils.labs.lab09_all_to_all.claims import CLAIMS
 from labutils.solutions import lab09 as solution
 
@@ -102,6 +104,43 @@ def test_saved_activations_are_predicted_by_the_shapes(pool):
     for report in pool.run(verify.saved_activations, nb.Block, nb.ParallelBlock):
         assert report["TP"]["counted"] == report["TP"]["predicted"]
         assert report["SP"]["counted"] == report["SP"]["predicted"] < report["TP"]["counted"]
+
+
+# ------------------------------------------------------------------ bytes on the wire, counted
+def _ledger_rank(rank, world_size):
+    """Every collective the ledger knows, once, with sizes chosen so that each row is recognisable."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    n = world_size
+    x = torch.ones(6 * n, dtype=torch.float32)                       # 24 * n bytes
+    with WireLedger("p") as ledger:
+        dist.all_reduce(x.clone())
+        compat.all_gather_into_tensor(torch.empty(6 * n * n), x)      # S = gathered output
+        compat.reduce_scatter_tensor(torch.empty(6), x.clone())        # S = input
+        dist.all_to_all_single(torch.empty_like(x), x)                 # even: (n-1)/n of S leaves
+        splits = [rank + 1 if j == rank else 1 for j in range(n)]      # keep rank+1 rows, send 1 to each peer
+        recv = [rank + 1 if i == rank else 1 for i in range(n)]
+        dist.all_to_all_single(torch.empty(sum(recv)), torch.ones(sum(splits)), recv, splits)
+        dist.broadcast(x.clone(), src=0)
+    mesh = init_device_mesh("cpu", (n,))
+    d = distribute_tensor(torch.ones(2 * n, 3), mesh, [Shard(0)])
+    with WireLedger("dtensor") as dt:
+        d.redistribute(mesh, [Replicate()]).to_local()               # a functional all-gather
+    return [(r.op, r.size_bytes, r.wire_bytes) for r in ledger.records], dt.rows()
+
+
+def test_ledger_counts_every_collective_with_nccl_tests_factors(gloo3):
+    n = 3
+    records, dtensor = gloo3.run(_ledger_rank)[1]
+    s = 24 * n
+    assert records == [("all_reduce", s, 2 * (n - 1) / n * s),
+                       ("all_gather", s * n, (n - 1) / n * s * n),
+                       ("reduce_scatter", s, (n - 1) / n * s),
+                       ("all_to_all", s, (n - 1) / n * s),
+                       ("all_to_all", (n - 1 + 2) * 4, (n - 1) * 4),   # rank 1 keeps 2 rows, sends 1 to each peer
+                       ("broadcast", s, s)]
+    assert dtensor == [{"phase": "dtensor", "op": "all_gather", "calls": 1, "size_bytes": 2 * n * 3 * 4,
+                        "wire_bytes": (n - 1) / n * 2 * n * 3 * 4}]
 
 
 # ------------------------------------------------------------------ measurements (tiny, on gloo)
