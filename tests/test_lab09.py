@@ -333,15 +333,18 @@ def test_a2a_verdicts_follow_their_thresholds():
     assert bad == ["FALSE", "TRUE", "FALSE"]
 
 
-def _moe(dispatch_small: float, skew_time: float) -> dict:
-    return {"dispatch": {"tokens": [512, 65536], "dispatch_ms": [dispatch_small, 1.05], "rows_only_ms": [1.0, 1.0]},
-            "skew": {"hot_share": [0.5, 1.0], "busiest_bytes": [100, 200], "max_expert_rows": [10, 20],
-                     "dispatch_ms": [1.0, skew_time], "layer_ms": [1.0, skew_time]}}
+def _moe(dispatch_small: float, dispatch_large: float, skew_ms: float, layer_ms: float) -> dict:
+    return {"dispatch": {"tokens": [512, 65536], "dispatch_ms": [dispatch_small, dispatch_large],
+                         "rows_only_ms": [1.0, 1.0]},
+            "skew": {"world_size": 2, "hot_share": [0.5, 1.0], "busiest_bytes": [10**6, 3 * 10**6],
+                     "max_expert_rows": [10, 20], "dispatch_ms": [1.0, skew_ms], "layer_ms": [1.0, layer_ms]}}
 
 
 def test_moe_verdicts_follow_their_thresholds():
-    assert [v.verdict for v in CLAIMS["09_moe"](_moe(2.0, 2.1))] == ["TRUE", "TRUE", "TRUE", "TRUE"]
-    assert [v.verdict for v in CLAIMS["09_moe"](_moe(1.2, 1.2))] == ["FALSE", "TRUE", "FALSE", "FALSE"]
+    a2a = _a2a(1.0)                                   # beta = 200e6 B/ms: 2e6 extra bytes x 2 -> +0.02 ms
+    fn = CLAIMS[("09_a2a_sweep", "09_moe")]
+    assert [v.verdict for v in fn(a2a, _moe(2.5, 1.5, 1.02, 2.1))] == ["TRUE"] * 4
+    assert [v.verdict for v in fn(a2a, _moe(1.5, 2.5, 2.0, 1.2))] == ["FALSE"] * 4
 
 
 def _blocks(sp_held: float, sp_time: float, dt_small: float) -> dict:

@@ -22,7 +22,7 @@
 # or a CPU-only machine every algorithm is checked live on gloo ranks, and every measurement is the recording
 # made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 75 minutes of study; about 25 s to run on 2×H200 (under 2 minutes on a 2-core CPU).
+# **Time:** 75 min of study; about 25 s to run on 2×H200 (under 2 minutes on a 2-core CPU).
 
 # %% tags=["nbval-ignore-output"]
 import copy
@@ -38,7 +38,7 @@ from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab09 as check
 from labutils.config import rank_device
 from labutils.labs.lab09_all_to_all import measure, verify, wire
-from labutils.labs.lab09_all_to_all.claims import CLAIMS, a2a_fit
+from labutils.labs.lab09_all_to_all.claims import CLAIMS, a2a_fit, skew_dispatch_predicted_ms
 
 HW = hw.describe()
 MODE = HW.mode                                        # "multi-gpu", "single-gpu" or "cpu"
@@ -369,12 +369,12 @@ plots.time_plot(D["size_bytes"], {"dispatch: counts, .tolist(), rows": D["dispat
                 title=f"dispatch vs bytes per rank, uniform router — {MOE.label}")
 
 # %% tags=["nbval-ignore-output"]
-slow = lambda key: [v / S[key][0] for v in S[key]]  # noqa: E731 - relative to the uniform router
+slow = lambda v: [x / v[0] for x in v]  # noqa: E731 - relative to the uniform router
 star = (S["hot_share"][-1], my_prediction_skew_slowdown) if my_prediction_skew_slowdown else None
-plots.line_plot(S["hot_share"], {"dispatch, measured": slow("dispatch_ms"), "MoE layer, measured": slow("layer_ms"),
-                                 "busiest link's bytes": slow("busiest_bytes"),
-                                 "busiest expert's rows": slow("max_expert_rows")},
-                dashed=["busiest link's bytes", "busiest expert's rows"], prediction=star,
+plots.line_plot(S["hot_share"], {"dispatch, measured": slow(S["dispatch_ms"]), "MoE layer, measured": slow(S["layer_ms"]),
+                                 "dispatch, alpha-beta model": slow(skew_dispatch_predicted_ms(A2A.data, S)),
+                                 "busiest expert's rows": slow(S["max_expert_rows"])},
+                dashed=["dispatch, alpha-beta model", "busiest expert's rows"], prediction=star,
                 xlabel="share of tokens routed to expert 0", ylabel="relative to the uniform router",
                 title=f"{S['tokens']} tokens per rank, top-1, {S['world_size']} experts — {MOE.label}")
 
@@ -387,16 +387,17 @@ display(pd.DataFrame({"router bias": S["router_bias"], "expert 0's share": S["ho
                       "busiest link (MiB)": [b / 2**20 for b in S["busiest_bytes"]],
                       "busiest expert (rows)": S["max_expert_rows"], "dispatch (ms)": S["dispatch_ms"],
                       "MoE layer (ms)": S["layer_ms"]}).round(3))
-claims.show(CLAIMS["09_moe"](MOE.data))
+claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data))
 
 # %% [markdown]
-# **Reading it.** The count exchange is a whole extra collective plus a GPU→CPU synchronisation, for a few
-# bytes: a fixed cost per dispatch, while the rows' cost grows with the tokens. The first two verdicts say
-# where each dominates on this machine; the dashed line of the first plot is section 1's fit at the same
-# bytes per rank. In the second plot the dashed curves are
-# models: time proportional to the busiest link's bytes, and to the busiest expert's rows. A router that sends
-# everything to expert 0 makes one link carry every row one way, and one GPU compute every token while the
-# others idle. Production MoE layers fight both effects: a load-balancing loss keeps the router near uniform,
+# **Reading it.** Besides the rows, a dispatch sorts the rows by destination, exchanges the counts — a whole
+# extra collective plus a GPU→CPU synchronisation, for a few bytes — and copies the rows into their sorted
+# order. Most of that is a fixed cost per dispatch, while the rows' cost grows with the tokens; the first two
+# verdicts say where each dominates on this machine, and the dashed line of the first plot is section 1's fit
+# at the same bytes per rank. In the second plot the dashed curves are models: the uniform router's dispatch
+# plus the extra bytes on the busiest link at section 1's beta, and the busiest expert's rows. A router that
+# sends everything to expert 0 makes one link carry every row one way, and one GPU compute every token while
+# the others idle. Production MoE layers fight both effects: a load-balancing loss keeps the router near uniform,
 # a capacity per expert bounds the worst case (exercise 2), and systems such as DeepSpeed-MoE, MegaBlocks or
 # DeepEP overlap or fuse the exchange with the expert compute.
 #
@@ -669,8 +670,9 @@ pd.DataFrame([{"variant": name, "shape": str(shape), "dtype": dtype, "bytes": nb
 # %%
 SP_CONFIG = dict(tokens=8192, hidden=4096, ffn=16384)
 N = POOL.world_size
-predicted = {name: wire.saved_bytes_predicted(SP_CONFIG["tokens"], SP_CONFIG["hidden"], SP_CONFIG["ffn"], N,
-                                              itemsize=2, sequence_parallel=sp, mask_bytes=1)
+predicted = {name: wire.saved_bytes_predicted(SP_CONFIG["tokens"] // N * N, SP_CONFIG["hidden"],
+                                              SP_CONFIG["ffn"] // N * N, N, itemsize=2, sequence_parallel=sp,
+                                              mask_bytes=1)
              for name, sp in (("TP", False), ("SP", True))}
 print(f"{N} ranks, MiB kept for backward per rank:")
 (pd.DataFrame(predicted) / 2**20).round(2)
@@ -853,8 +855,8 @@ claims.show(CLAIMS["09_dtensor"](DT.data))
 # ## 5 · Summary
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS["09_moe"](MOE.data) + CLAIMS["09_sp_block"](SPM.data)
-             + CLAIMS["09_dtensor"](DT.data))
+claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data)
+             + CLAIMS["09_sp_block"](SPM.data) + CLAIMS["09_dtensor"](DT.data))
 
 # %% [markdown]
 # * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which nobody
