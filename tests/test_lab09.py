@@ -321,7 +321,8 @@ def test_checkers_refuse_a_pool_that_is_not_gloo():
 def _a2a(ratio: float, wrong: int = 0) -> dict:
     sizes = [2**10 * 4**k for k in range(6)]
     times = [0.01 + s / 200e6 for s in sizes]        # exactly alpha + S / beta
-    op = lambda scale: {"time_ms": times, "busbw_gbps": [s / t / 2e6 * scale for s, t in zip(sizes, times)]}  # noqa: E731
+    def op(scale):
+        return {"time_ms": times, "busbw_gbps": [s / t / 2e6 * scale for s, t in zip(sizes, times)]}
     return {"size_bytes": sizes, "wrong": wrong,
             "ops": {"all_to_all_single": op(ratio), "all_gather_into_tensor": op(1.0)}}
 
@@ -360,4 +361,5 @@ def test_block_verdicts_follow_their_thresholds():
     assert [v.verdict for v in CLAIMS["09_sp_block"](_blocks(80e6, 10.2, 2.0))] == ["TRUE"] * 4
     assert [v.verdict for v in CLAIMS["09_sp_block"](_blocks(110e6, 12.0, 2.0))] == ["FALSE", "TRUE", "FALSE", "FALSE"]
     assert [v.verdict for v in CLAIMS["09_dtensor"](_blocks(80e6, 10.0, 2.0))] == ["TRUE"] * 5
-    assert [v.verdict for v in CLAIMS["09_dtensor"](_blocks(80e6, 10.0, 1.0))] == ["TRUE", "FALSE", "TRUE", "FALSE", "TRUE"]
+    assert [v.verdict for v in CLAIMS["09_dtensor"](_blocks(80e6, 10.0, 1.0))] == [
+        "TRUE", "FALSE", "TRUE", "FALSE", "TRUE"]

@@ -31,7 +31,6 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 import labutils
 from labutils import bandwidth, claims, compat, hw, plots, recorded
@@ -62,9 +61,10 @@ HW
 #
 # With `input_split_sizes` the blocks may differ in length: `input_split_sizes[j]` rows go to rank j, and
 # `output_split_sizes[i]` rows arrive from rank i. The two lists must agree *across* ranks — rank r's
-# `output_split_sizes[i]` is rank i's `input_split_sizes[r]` — and no rank can see the others' lists. A
-# mismatch is an error on gloo, and a hang or silently shifted data on NCCL. That is why a
-# mixture-of-experts layer (section 2) first exchanges the counts with a small even all-to-all.
+# `output_split_sizes[i]` is rank i's `input_split_sizes[r]` — and no rank can see the others' lists. gloo
+# checks the size of every message it receives and aborts the process on a mismatch ("Received data size
+# doesn't match expected size"); NCCL does not check, and the exchange may hang or deliver the wrong rows.
+# That is why a mixture-of-experts layer (section 2) first exchanges the counts with a small even all-to-all.
 #
 # Inside PyTorch the uneven form on NCCL is one `ncclSend` and one `ncclRecv` per peer, posted together
 # between `ncclGroupStart` and `ncclGroupEnd` (`all2all_single_unequal_split` in `torch/csrc/cuda/nccl.cpp`;
@@ -163,7 +163,8 @@ OPS = A2A.data["ops"]
 star = (A2A.data["size_bytes"][-1], my_prediction_a2a_busbw_gbps) if my_prediction_a2a_busbw_gbps else None
 plots.bandwidth_plot(A2A.data["size_bytes"], {op: v["busbw_gbps"] for op, v in OPS.items()},
                      peak_gbps=A2A.data["link_peak_gbps"], peak_label="NVLink peak", prediction=star,
-                     ylabel="busbw (GB/s)", title=f"{A2A.data['world_size']} ranks, {A2A.data['dtype']} — {A2A.label}")
+                     ylabel="busbw (GB/s)",
+                     title=f"{A2A.data['world_size']} ranks, {A2A.data['dtype']} — {A2A.label}")
 
 # %% tags=["nbval-ignore-output"]
 plots.time_plot(A2A.data["size_bytes"], {op: v["time_ms"] for op, v in OPS.items()},
@@ -184,9 +185,10 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
 # **Reading it.** Where the time hardly moves with the size, it is alpha: the fixed cost of launching the
 # grouped sends and receives and synchronising the peers. Where it grows with the bytes, beta rules, and
 # there all-to-all and all-gather should agree, because on two GPUs they move the same bytes per link; the
-# verdicts above say whether they do, and how well a single alpha and beta describe the whole sweep. (With more GPUs behind an NVSwitch, all-to-all talks to every peer at once while a ring all-gather
-# talks to one neighbour per step; their busbw can then part.) Every result was also checked: the `wrong`
-# count is in the third verdict.
+# verdicts above say whether they do, and how well a single alpha and beta describe the whole sweep. (With
+# more GPUs behind an NVSwitch, all-to-all talks to every peer at once while a ring all-gather talks to one
+# neighbour per step; their busbw can then part.) Every result was also checked: the `wrong` count is in the
+# third verdict.
 #
 # ### Exercise 1 — all-to-all from send and receive
 # Write `my_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)`: fill `output`
@@ -371,7 +373,8 @@ plots.time_plot(D["size_bytes"], {"dispatch: counts, .tolist(), rows": D["dispat
 # %% tags=["nbval-ignore-output"]
 slow = lambda v: [x / v[0] for x in v]  # noqa: E731 - relative to the uniform router
 star = (S["hot_share"][-1], my_prediction_skew_slowdown) if my_prediction_skew_slowdown else None
-plots.line_plot(S["hot_share"], {"dispatch, measured": slow(S["dispatch_ms"]), "MoE layer, measured": slow(S["layer_ms"]),
+plots.line_plot(S["hot_share"], {"dispatch, measured": slow(S["dispatch_ms"]),
+                                 "MoE layer, measured": slow(S["layer_ms"]),
                                  "dispatch, alpha-beta model": slow(skew_dispatch_predicted_ms(A2A.data, S)),
                                  "busiest expert's rows": slow(S["max_expert_rows"])},
                 dashed=["dispatch, alpha-beta model", "busiest expert's rows"], prediction=star,
@@ -538,8 +541,8 @@ class ParallelBlock(nn.Module):
         kw = dict(device=block.up.weight.device, dtype=block.up.weight.dtype)
         self.group, self.sequence_parallel = group, sequence_parallel
         self.norm = copy.deepcopy(block.norm)                        # replicated parameters
-        self.up = nn.Linear(hidden, ffn // n, **kw)                  # column-parallel: rows of W1 (nn.Linear keeps W1ᵀ)
-        self.down = nn.Linear(ffn // n, hidden, bias=False, **kw)    # row-parallel: columns of W2
+        self.up = nn.Linear(hidden, ffn // n, **kw)                  # column-parallel: a slice of the output features
+        self.down = nn.Linear(ffn // n, hidden, bias=False, **kw)    # row-parallel: a slice of the input features
         self.down_bias = nn.Parameter(block.down.bias.detach().clone())   # added once, after the sum
         self.act, self.drop = nn.GELU(), nn.Dropout(block.drop.p)
         with torch.no_grad():
@@ -551,7 +554,8 @@ class ParallelBlock(nn.Module):
         h = self.norm(x)
         h = GatherSequence.apply(h, self.group) if self.sequence_parallel else CopyToTP.apply(h, self.group)
         z = self.down(self.act(self.up(h)))                          # this rank's partial sum of the output
-        z = ReduceScatterSequence.apply(z, self.group) if self.sequence_parallel else ReduceFromTP.apply(z, self.group)
+        z = (ReduceScatterSequence.apply(z, self.group) if self.sequence_parallel
+             else ReduceFromTP.apply(z, self.group))
         return x + self.drop(z + self.down_bias)
 
 
@@ -576,8 +580,8 @@ pd.DataFrame({name: verify.table(POOL.run(verify.block_matches, Block, ParallelB
 #
 # (Dropout: Megatron-LM draws the masks of replicated regions from one RNG state shared by the TP ranks —
 # identical masks — and those of sequence-parallel regions from per-rank states, since each rank holds
-# different tokens. Equality with one device therefore only holds with dropout off, which is what the checks
-# use; the memory measurement below uses dropout on.)
+# different tokens. A one-device run draws one mask for the whole tensor, so equality with it needs dropout
+# off; the checks turn it off, the memory measurement below turns it on.)
 #
 # ### Exercise 3 — the gradient all-reduce of sequence parallelism
 # Write `my_sync_sp_grads(block, group)`, called after backward on a `ParallelBlock` with
@@ -717,10 +721,11 @@ claims.show(CLAIMS["09_sp_block"](SPM.data))
 # the whole sequence until the reduce-scatter, and backward all-gathers the gradient of the whole output.
 # Time: the same bytes cross the link, split into two collectives instead of one; whether that costs anything
 # on this machine is the last verdict.
+#
 # In a whole transformer layer the replicated part is larger — attention's LayerNorm, two dropouts, two
 # residuals. Korthikanti et al. count a layer's activations as s·b·h·(34 + 5·a·s/h) bytes (16-bit values,
-# a heads); tensor parallelism divides all but 10·s·b·h of them by the number of ranks, and sequence parallelism
-# those 10 too.
+# a heads); tensor parallelism divides all but 10·s·b·h of them by the number of ranks, and sequence
+# parallelism those 10 too.
 #
 # ## 4 · The same layers with DeviceMesh and DTensor
 #
@@ -740,7 +745,7 @@ claims.show(CLAIMS["09_sp_block"](SPM.data))
 
 # %%
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import Shard                   # Shard and SequenceParallel: for exercise 4
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 
@@ -753,8 +758,9 @@ def dtensor_parameters(rank, world_size):
     """Each parameter of Block after parallelize_module(tp_plan()): its placement and local shape."""
     mesh = init_device_mesh(rank_device().type, (world_size,))
     block = parallelize_module(Block(8, 8 * world_size).to(rank_device()), mesh, tp_plan())
-    return {name: f"{type(p.data).__name__} {tuple(p.placements)}: {tuple(p.to_local().shape)} of {tuple(p.shape)}"
-            if hasattr(p, "placements") else f"plain tensor {tuple(p.shape)}" for name, p in block.named_parameters()}
+    return {name: f"DTensor {tuple(p.placements)}: {tuple(p.to_local().shape)} of {tuple(p.shape)}"
+            if hasattr(p, "placements") else f"plain tensor {tuple(p.shape)}"
+            for name, p in block.named_parameters()}
 
 
 pd.DataFrame({"rank 0's parameter": POOL.run(dtensor_parameters)[0]})
@@ -848,9 +854,9 @@ claims.show(CLAIMS["09_dtensor"](DT.data))
 # **Reading it.** The collectives are the same; what DTensor adds is work on the CPU for every operation —
 # wrapping and unwrapping, sharding propagation (cached after the first call), the style's layout conversions.
 # While the GPU is busy with large matmuls that work can run ahead of it; on a small layer the GPU waits for
-# the CPU. The verdicts say where that line lies on this machine. DTensor's payoff is elsewhere: the same plan composes with FSDP
-# (`fully_shard`, lab 08) on a 2-D mesh, with `torch.compile`, and with distributed checkpointing, none of
-# which a hand-written `ParallelBlock` gets for free.
+# the CPU. The verdicts say where that line lies on this machine. DTensor's payoff is elsewhere: the same
+# plan composes with FSDP (`fully_shard`, lab 08) on a 2-D mesh, with `torch.compile`, and with distributed
+# checkpointing, none of which a hand-written `ParallelBlock` gets for free.
 #
 # ## 5 · Summary
 
@@ -859,11 +865,11 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
              + CLAIMS["09_sp_block"](SPM.data) + CLAIMS["09_dtensor"](DT.data))
 
 # %% [markdown]
-# * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which nobody
-#   checks for you — so exchange the counts first. Its busbw factor is (n − 1)/n.
+# * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which NCCL
+#   does not check — so exchange the counts first. Its busbw factor is (n − 1)/n.
 # * Expert parallelism is dispatch and combine: two uneven all-to-alls, whose backward is the same exchange
-#   with the splits swapped. Its cost is the busiest link and the busiest expert; a skewed router makes both
-#   worse, a capacity bounds them at the price of dropped tokens.
+#   with the splits swapped. Its cost follows the busiest link and the busiest expert (the verdicts say how
+#   closely); a skewed router loads both, a capacity bounds them at the price of dropped tokens.
 # * Sequence parallelism is tensor parallelism with each all-reduce cut into a reduce-scatter and an
 #   all-gather placed around the replicated regions: the same bytes, less activation memory, and one extra
 #   duty — summing the partial gradients of the parameters used on sequence shards.

@@ -80,7 +80,8 @@ def sp_verdicts(data: dict) -> list[claims.Verdict]:
     for name, m in (("TP", tp), ("SP", sp)):
         out.append(claims.within(f"{name}: the memory a forward keeps follows from the shapes",
                                  m["held_bytes"], m["predicted_held_bytes"], 0.05,
-                                 figure=f"measured {_mib(m['held_bytes'])}, predicted {_mib(m['predicted_held_bytes'])}"))
+                                 figure=f"measured {_mib(m['held_bytes'])}, "
+                                        f"predicted {_mib(m['predicted_held_bytes'])}"))
     out.append(claims.at_most("sequence parallelism costs no more time than tensor parallelism",
                               t_sp / t_tp, 1.05, figure=f"forward+backward SP {t_sp:.2f} ms, TP {t_tp:.2f} ms "
                                                         f"({t_sp / t_tp:.2f}x) at {data['tokens'][-1]} tokens"))

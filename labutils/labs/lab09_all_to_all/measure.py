@@ -11,6 +11,7 @@ JSON-able dicts for ``recorded.live_or_recorded``. They run on NCCL (the recordi
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -164,6 +165,14 @@ def _local(y):
     return y.to_local() if hasattr(y, "to_local") else y
 
 
+def _step(block, x, dy, after_backward) -> None:
+    """One training step of the block: forward, backward, the gradient sync, gradients cleared first."""
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+    _local(block(x)).backward(dy)
+    after_backward(block)
+
+
 def _memory(block, x, dy, after_backward) -> dict:
     """Bytes the forward leaves allocated (activations kept for backward + the output) and the peak over
     forward and backward, both above what was allocated before (CUDA allocator; None on CPU); and the
@@ -221,15 +230,8 @@ def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict
             x = (x_full.chunk(n)[rank] if sp else x_full).clone().requires_grad_()
             dy = dy_full.chunk(n)[rank] if sp else dy_full
             after = (lambda b: sync(b, None)) if (sp and hand and sync is not None) else (lambda b: None)
-
-            def step():
-                block.zero_grad(set_to_none=True)
-                x.grad = None
-                _local(block(x)).backward(dy)
-                after(block)
-
             out["time_ms"][name].append(timing.benchmark_collective(
-                step, warmup=warmup, iters=iters, repeat=repeat).median_ms)
+                functools.partial(_step, block, x, dy, after), warmup=warmup, iters=iters, repeat=repeat).median_ms)
             if tokens == tokens_list[-1]:
                 block.zero_grad(set_to_none=True)
                 x.grad = None
@@ -245,5 +247,5 @@ def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict
                 else:
                     mem["saved_bytes"] = None   # DTensor saves DTensors: the allocator's number is the one
                 out["memory"][name] = mem
-            del block
+            del block   # before the next variant is built
     return out
