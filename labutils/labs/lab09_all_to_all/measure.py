@@ -124,17 +124,16 @@ def skew_sweep(rank: int, world_size: int, MoE, ExpertParallelMoE, dispatch, rou
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ref = MoE(hidden, ffn, n, 1)
+    ref = ref.to(device, dt)
     gen = torch.Generator().manual_seed(seed + 1 + rank)
     x = torch.randn(tokens, hidden, generator=gen).to(device, dt)
     out = {"world_size": n, "tokens": tokens, "hidden": hidden, "ffn": ffn, "dtype": dtype,
            "router_bias": [], "hot_share": [], "busiest_bytes": [], "max_expert_rows": [],
            "dispatch_ms": [], "layer_ms": []}
     for bias in router_biases:
-        moe = copy.deepcopy(ref)
+        layer = ExpertParallelMoE(ref, None)              # its own copy of the router and of this rank's expert
         with torch.no_grad():
-            moe.router.bias[0] += bias
-        layer = ExpertParallelMoE(moe.to(device, dt), None)
-        with torch.no_grad():
+            layer.router.bias[0] += bias
             _, expert = layer.route(x)
             dest = expert.flatten()
             matrix = _count_matrix(dest, n)
