@@ -1,0 +1,271 @@
+"""Checkers for lab 09's exercises (all-to-all, expert and sequence parallelism, DTensor).
+
+Each runs the learner's function on 3 gloo ranks (CPU tensors: the same text on every machine) and
+prints ``✓ ...`` or raises ``ExerciseError`` with a HINT chosen from the symptom. A stub that raises
+NotImplementedError is "not attempted": the checker says so and checks the reference solution instead.
+Pass ``pool=`` a gloo ``labutils.RankPool`` to reuse its ranks; otherwise each check launches 3 ranks.
+``sync_sp_grads`` and ``sp_plan`` return the function the rest of the notebook should use: yours once
+it passes, else the reference.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import fail, passed, say_not_attempted
+
+WORLD_SIZE = 3
+TIMEOUT_S = 90   # a learner's function that hangs is stopped after this long
+
+
+def _run(pool, rank_fn, *args) -> list:
+    """``rank_fn(rank, world_size, *args)`` on gloo ranks; failures become ExerciseError with a hint."""
+    import labutils
+    if pool is not None and pool.backend != "gloo":
+        raise ValueError(f"the checkers run on CPU tensors, but this pool's backend is {pool.backend!r}. "
+                         "HINT: pass a pool made with labutils.RankPool(world_size=3, backend='gloo'), "
+                         "or leave pool out.")
+    try:
+        if pool is not None:
+            return pool.run(rank_fn, *args, timeout=TIMEOUT_S, output="quiet")
+        return labutils.launch(rank_fn, *args, world_size=WORLD_SIZE, backend="gloo", timeout=TIMEOUT_S,
+                               output="quiet")
+    except labutils.RankTimeout:
+        fail(f"your function did not return within {TIMEOUT_S} s",
+             "every send needs the matching receive on the peer, and every rank must call the same "
+             "collectives in the same order; post all sends and receives together (batch_isend_irecv)")
+    except labutils.RankError as exc:
+        what = (f"your function raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
+                if exc.exc_type else str(exc).split(". HINT")[0])
+        fail(what, "run it by hand in a rank function (pool.run) and print the shapes and split sizes")
+
+
+def _or_reference(fn, reference, *args):
+    """``(fn(*args), False)``, or ``(reference(*args), True)`` when ``fn`` is still a stub."""
+    try:
+        return fn(*args), False
+    except NotImplementedError:
+        return reference(*args), True
+
+
+# ----------------------------------------------------------------------------- exercise 1
+def _a2a_cases(n: int) -> list[tuple[str, list, int]]:
+    """(name, input_split_sizes of every rank, row width)."""
+    return [("even splits", [[2] * n for _ in range(n)], 1),
+            ("uneven splits with empty blocks", [[(r + 2 * j) % 4 for j in range(n)] for r in range(n)], 1),
+            ("a rank that sends nothing, rows of 3", [[0] * n] + [[(r + j) % 3 + 1 for j in range(n)]
+                                                                  for r in range(1, n)], 3)]
+
+
+def _a2a_rank(rank: int, world_size: int, fn) -> dict:
+    from labutils.labs.lab09_all_to_all.wire import WireLedger
+    from labutils.solutions import lab09 as solution
+    report = {"used_reference": False, "cases": []}
+    for name, splits, width in _a2a_cases(world_size):
+        ins, outs = splits[rank], [splits[s][rank] for s in range(world_size)]
+        x = (torch.arange(sum(ins) * width, dtype=torch.float32) + 100 * rank).reshape(-1, width)
+        expected = x.new_empty((sum(outs), width))
+        dist.all_to_all_single(expected, x, output_split_sizes=outs, input_split_sizes=ins)
+        got = torch.full_like(expected, -1.0)
+        with WireLedger() as ledger:
+            _, used = _or_reference(solution.all_to_all_single_p2p if report["used_reference"] else fn,
+                                    solution.all_to_all_single_p2p, got, x, outs, ins, None)
+        report["used_reference"] |= used
+        mine = got.split(outs)[rank]
+        report["cases"].append({"name": name, "equal": bool(torch.equal(got, expected)),
+                                "untouched": bool((got == -1).all()) and got.numel() > 0,
+                                "own_block": bool(torch.equal(mine, expected.split(outs)[rank])),
+                                "collective": any(r.op == "all_to_all" for r in ledger.records)})
+    return report
+
+
+def all_to_all_p2p(fn, pool=None) -> None:
+    """Exercise 1: ``fn(output, input, output_split_sizes, input_split_sizes, group)`` fills ``output``
+    like ``dist.all_to_all_single``, built from point-to-point operations."""
+    from labutils.solutions import lab09 as solution
+    reports = _run(pool, _a2a_rank, fn)
+    if any(r["used_reference"] for r in reports):
+        say_not_attempted(solution.all_to_all_single_p2p)
+    for rank, r in enumerate(reports):
+        for case in r["cases"]:
+            if case["collective"]:
+                fail(f"rank {rank}, {case['name']}: your function called an all-to-all collective",
+                     "build it from point-to-point operations: dist.P2POp(dist.isend / dist.irecv, tensor, "
+                     "peer) for every other rank, all posted with one dist.batch_isend_irecv")
+            if case["equal"]:
+                continue
+            what = f"rank {rank}, {case['name']}: output differs from dist.all_to_all_single's"
+            if case["untouched"]:
+                fail(what + " (it was never written)", "write into `output` in place: split it by "
+                     "output_split_sizes and receive each block into its slice; wait() on every request")
+            if not case["own_block"]:
+                fail(what, "the block for this rank itself is a local copy: output block `rank` = input "
+                           "block `rank` (no message to yourself)")
+            fail(what, "output block i comes from rank i and has output_split_sizes[i] rows; input block j "
+                       "goes to rank j and has input_split_sizes[j] rows")
+    names = ", ".join(c["name"] for c in reports[0]["cases"])
+    passed(f"all_to_all from send/recv equals dist.all_to_all_single on {len(reports)} ranks ({names})")
+
+
+# ----------------------------------------------------------------------------- exercise 2
+def _capacity_cases(rank: int, n: int) -> list[tuple[str, torch.Tensor, int]]:
+    gen = torch.Generator().manual_seed(7 + rank)
+    return [("random experts, capacity 2", torch.randint(0, n, (7,), generator=gen), 2),
+            ("every token to expert 0, capacity 3", torch.zeros(5, dtype=torch.int64), 3),
+            ("no tokens on this rank" if rank == 1 else "one token per expert, capacity 1",
+             torch.zeros(0, dtype=torch.int64) if rank == 1 else torch.arange(n), 1)]
+
+
+def _capacity_rank(rank: int, world_size: int, fn) -> dict:
+    from labutils.solutions import lab09 as solution
+    report = {"used_reference": False, "cases": []}
+    for name, dest, capacity in _capacity_cases(rank, world_size):
+        x = torch.arange(dest.numel() * 4, dtype=torch.float32).reshape(-1, 4) + 100 * (rank + 1)
+        want, want_kept = solution.dispatch_with_capacity(x, dest, capacity, None)
+        got, used = _or_reference(solution.dispatch_with_capacity if report["used_reference"] else fn,
+                                  solution.dispatch_with_capacity, x, dest, capacity, None)
+        report["used_reference"] |= used
+        case = {"name": name, "pair": isinstance(got, (tuple, list)) and len(got) == 2}
+        if case["pair"]:
+            received, kept = got
+            case["shape"] = list(getattr(received, "shape", []))
+            case["expected_shape"] = list(want.shape)
+            case["kept"] = isinstance(kept, torch.Tensor) and kept.shape == want_kept.shape and \
+                bool(torch.equal(kept.bool(), want_kept))
+            case["equal"] = case["shape"] == case["expected_shape"] and bool(torch.equal(received, want))
+        report["cases"].append(case)
+    return report
+
+
+def dispatch_with_capacity(fn, pool=None) -> None:
+    """Exercise 2: ``fn(x, dest, capacity, group) -> (received, kept)``, Switch-style dispatch."""
+    from labutils.solutions import lab09 as solution
+    reports = _run(pool, _capacity_rank, fn)
+    if any(r["used_reference"] for r in reports):
+        say_not_attempted(solution.dispatch_with_capacity)
+    for rank, r in enumerate(reports):
+        for case in r["cases"]:
+            what = f"rank {rank}, {case['name']}"
+            if not case["pair"]:
+                fail(f"{what}: expected a pair (received, kept)", "return received, kept")
+            if case["shape"] != case["expected_shape"]:
+                fail(f"{what}: received has shape {case['shape']}, expected {case['expected_shape']}",
+                     "every rank sends every expert one slot of `capacity` rows, so it receives one slot "
+                     "from every rank: (world_size * capacity, hidden)")
+            if not case["kept"]:
+                fail(f"{what}: `kept` is wrong", "a token is kept when it is among the first `capacity` "
+                     "tokens (in token order) that this rank sends to its expert; kept has one entry per token")
+            if not case["equal"]:
+                fail(f"{what}: received holds the wrong rows", "slot d of the send buffer holds, in token "
+                     "order, the kept tokens for expert d, then zeros; one even all_to_all_single moves "
+                     "slot d to rank d")
+    passed(f"dispatch_with_capacity matches the reference on {len(reports)} ranks "
+           "(overflowing experts, a rank without tokens, padding)")
+
+
+# ----------------------------------------------------------------------------- exercise 3
+def _status(got, expected, before, n: int) -> str:
+    from labutils.labs.lab09_all_to_all.verify import close
+    if close(got, expected):
+        return "ok"
+    if close(got, before):
+        return "unchanged"
+    if close(got, expected / n):
+        return "averaged"
+    return "wrong"
+
+
+def _sync_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
+    from labutils.labs.lab09_all_to_all import verify
+    from labutils.solutions import lab09 as solution
+    ref, x, dy = verify.block_problem(world_size, Block, 3, torch.device("cpu"))
+    verify.reference_grads(ref, x, dy)
+    block = ParallelBlock(ref, None, sequence_parallel=True)
+    block(x.chunk(world_size)[rank].clone().requires_grad_()).backward(dy.chunk(world_size)[rank])
+    before = {k: p.grad.clone() for k, p in block.named_parameters()}
+    _, used = _or_reference(fn, solution.sync_sp_grads, block, None)
+    grads = dict(block.named_parameters())
+    return {"used_reference": used, "status": {k: _status(grads[k].grad, e, before[k], world_size)
+                                               for k, e in verify.expected_grads(ref, rank, world_size).items()}}
+
+
+def sync_sp_grads(fn, Block, ParallelBlock, pool=None):
+    """Exercise 3: ``fn(block, group)`` after an SP backward leaves every gradient equal to the one-device
+    block's. Returns the function to use from here on (yours, or the reference if not attempted)."""
+    from labutils.solutions import lab09 as solution
+    reports = _run(pool, _sync_rank, fn, Block, ParallelBlock)
+    if any(r["used_reference"] for r in reports):
+        say_not_attempted(solution.sync_sp_grads)
+        fn = solution.sync_sp_grads
+    for rank, r in enumerate(reports):
+        bad = {k: s for k, s in r["status"].items() if s != "ok"}
+        if not bad:
+            continue
+        what = f"rank {rank}: wrong gradient of " + ", ".join(f"{k} ({s})" for k, s in bad.items())
+        sharded = [k for k in bad if k.startswith(("up.", "down."))]
+        if sharded:
+            fail(what, "leave the column and row shards alone: each rank already holds the full gradient "
+                       "of its own shard")
+        if "averaged" in bad.values():
+            fail(what, "sum, do not average: the loss adds up every token, and each rank holds the gradient "
+                       "of its own tokens' share")
+        if bad.get("down_bias") == "unchanged" and len(bad) == 1:
+            fail(what, "down_bias is added after the reduce-scatter, on this rank's slice of the sequence: "
+                       "it needs the sum over ranks too")
+        fail(what, "the LayerNorm saw only this rank's tokens, so its parameters hold partial gradients: "
+                   "all-reduce (sum) the .grad of every parameter used on sequence shards")
+    passed(f"after your sync, every gradient of the SP block equals the one-device block's on {len(reports)} ranks")
+    return fn
+
+
+# ----------------------------------------------------------------------------- exercise 4
+def _plan_hint(plan) -> str:
+    """The first thing wrong with a plan, read from its styles' settings."""
+    from torch.distributed.tensor import Shard
+    if not isinstance(plan, dict):
+        return "return a dict {submodule name: parallel style}, as parallelize_module takes"
+    norm, up, down = plan.get("norm"), plan.get("up"), plan.get("down")
+    if norm is None:
+        return ("the LayerNorm runs on sequence shards too: give `norm` a SequenceParallel style, so that its "
+                "parameters become DTensors and their partial gradients are summed")
+    if getattr(norm, "sequence_sharding", (Shard(0),)) != (Shard(0),):
+        return "SequenceParallel shards dim 1 by default (batch first); here the sequence is dim 0"
+    if up is None or down is None:
+        return "`up` is column-parallel and `down` row-parallel, as in the TP plan"
+    if tuple(getattr(down, "output_layouts", ())) != (Shard(0),):
+        return ("RowwiseParallel all-reduces into a replicated output by default; ask for sequence shards "
+                "(output_layouts=Shard(0)), so that it reduce-scatters")
+    return ("compare with the TP plan: only the layouts where the two regions meet change, and the block's "
+            "input and output are sequence shards (Shard(0)) -- see ColwiseParallel's input_layouts")
+
+
+def _plan_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
+    from labutils.labs.lab09_all_to_all import verify
+    from labutils.solutions import lab09 as solution
+    plan, used = _or_reference(fn, solution.sp_plan)
+    report = {"used_reference": used, "hint": _plan_hint(plan)}
+    try:
+        result = verify.dtensor_matches(rank, world_size, Block, ParallelBlock, lambda: plan,
+                                        sequence_parallel=True)
+        report["bad"] = [k for k, v in result.items() if v is False]
+    except Exception as exc:  # noqa: BLE001 - any failure of the learner's plan becomes a hint
+        report["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return report
+
+
+def sp_plan(fn, Block, ParallelBlock, pool=None):
+    """Exercise 4: ``fn() -> plan`` makes ``parallelize_module(Block, mesh, plan)`` the SP block: input
+    and output are sequence shards, outputs and gradients equal the one-device block's. Returns the plan
+    function to use from here on (yours, or the reference if not attempted)."""
+    from labutils.solutions import lab09 as solution
+    reports = _run(pool, _plan_rank, fn, Block, ParallelBlock)
+    if any(r["used_reference"] for r in reports):
+        say_not_attempted(solution.sp_plan)
+        fn = solution.sp_plan
+    for rank, r in enumerate(reports):
+        if "error" in r:
+            fail(f"rank {rank}: the parallelized block failed: {r['error']}", r["hint"])
+        if r["bad"]:
+            fail(f"rank {rank}: differs from the one-device block: {', '.join(r['bad'])}", r["hint"])
+    passed(f"your plan turns Block into sequence parallelism: outputs and gradients equal on {len(reports)} ranks")
+    return fn

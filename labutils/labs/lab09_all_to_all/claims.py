@@ -1,0 +1,109 @@
+"""Lab 09's verdicts, each from a recording through a written threshold (see ``labutils.claims``).
+
+``CLAIMS`` maps recording names to functions of their ``data`` dicts; the notebook prints their lines
+and ``tests/test_claims.py`` re-derives them from ``notebooks/recorded/09_*.json``.
+"""
+from __future__ import annotations
+
+from ... import bandwidth, claims
+from ...bandwidth import format_size
+
+
+def a2a_fit(data: dict) -> bandwidth.AlphaBeta:
+    """Alpha-beta fit of the ``all_to_all_single`` sweep (``t`` against nccl-tests' S)."""
+    op = data["ops"]["all_to_all_single"]
+    return bandwidth.fit_alpha_beta(data["size_bytes"], op["time_ms"])
+
+
+def a2a_verdicts(data: dict) -> list[claims.Verdict]:
+    a2a, ag = data["ops"]["all_to_all_single"], data["ops"]["all_gather_into_tensor"]
+    big = format_size(data["size_bytes"][-1])
+    fit = a2a_fit(data)
+    out = [
+        claims.within("all_to_all_single reaches all_gather's busbw on large messages (same bytes per link)",
+                      a2a["busbw_gbps"][-1], ag["busbw_gbps"][-1], 0.15,
+                      figure=f"busbw at {big}: all_to_all {a2a['busbw_gbps'][-1]:.0f} GB/s, "
+                             f"all_gather {ag['busbw_gbps'][-1]:.0f} GB/s"),
+        claims.at_most("t = alpha + S / beta describes all_to_all_single from the smallest to the largest size",
+                       fit.max_rel_err, 0.35,
+                       figure=f"{fit}; largest deviation {fit.max_rel_err:.0%} over "
+                              f"{len(data['size_bytes'])} sizes"),
+        claims.compare("every all_to_all_single and all_gather result was right", data["wrong"], "<=", 0,
+                       figure=f"{data['wrong']} wrong results"),
+    ]
+    return out
+
+
+def skew_dispatch_predicted_ms(a2a: dict, skew: dict) -> list[float]:
+    """Dispatch time per router bias predicted from the uniform router's measured time and section 1's
+    fit: every extra byte on the busiest link costs ``n / (n - 1) / beta`` (the fit's S counts the rank's
+    whole send buffer, of which (n - 1)/n leaves it)."""
+    fit, n = a2a_fit(a2a), skew["world_size"]
+    base_ms, base_bytes = skew["dispatch_ms"][0], skew["busiest_bytes"][0]
+    return [base_ms + (b - base_bytes) * n / (n - 1) / (fit.beta_gbps * 1e9) * 1e3 for b in skew["busiest_bytes"]]
+
+
+def moe_verdicts(a2a: dict, data: dict) -> list[claims.Verdict]:
+    d, s = data["dispatch"], data["skew"]
+    small, large = d["dispatch_ms"][0] / d["rows_only_ms"][0], d["dispatch_ms"][-1] / d["rows_only_ms"][-1]
+    predicted = skew_dispatch_predicted_ms(a2a, s)
+    rows_ratio = s["max_expert_rows"][-1] / s["max_expert_rows"][0]
+    layer_ratio = s["layer_ms"][-1] / s["layer_ms"][0]
+    share = f"expert 0's share {s['hot_share'][0]:.0%} -> {s['hot_share'][-1]:.0%}"
+    return [
+        claims.at_least("on a small dispatch the bookkeeping (sort, counts exchanged and waited for, permutation) "
+                        "costs more than moving the rows", small, 2.0,
+                        figure=f"dispatch / rows-only all_to_all = {small:.2f}x at {d['tokens'][0]} tokens per rank"),
+        claims.at_most("on a large dispatch moving the rows is most of the time", large, 2.0,
+                       figure=f"dispatch / rows-only all_to_all = {large:.2f}x at {d['tokens'][-1]} tokens per rank"),
+        claims.within("a skewed router slows the dispatch as section 1's alpha-beta fit predicts from the busiest "
+                      "link's bytes", s["dispatch_ms"][-1], predicted[-1], 0.25,
+                      figure=f"{share}: dispatch {s['dispatch_ms'][-1]:.3f} ms, predicted {predicted[-1]:.3f} ms "
+                             f"(uniform {s['dispatch_ms'][0]:.3f} ms)"),
+        claims.within("a skewed router slows the MoE layer as much as the busiest expert's rows grow",
+                      layer_ratio, rows_ratio, 0.25,
+                      figure=f"{share}: layer {layer_ratio:.2f}x slower, busiest expert {rows_ratio:.2f}x the rows"),
+    ]
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.0f} MiB"
+
+
+def sp_verdicts(data: dict) -> list[claims.Verdict]:
+    tp, sp = data["memory"]["TP"], data["memory"]["SP"]
+    t_tp, t_sp = data["time_ms"]["TP"][-1], data["time_ms"]["SP"][-1]
+    out = [claims.compare("sequence parallelism keeps less activation memory than tensor parallelism",
+                          sp["held_bytes"] / tp["held_bytes"], "<", 1.0,
+                          figure=f"held after forward: SP {_mib(sp['held_bytes'])}, TP {_mib(tp['held_bytes'])} "
+                                 f"(predicted {sp['predicted_held_bytes'] / tp['predicted_held_bytes']:.2f}x)")]
+    for name, m in (("TP", tp), ("SP", sp)):
+        out.append(claims.within(f"{name}: the memory a forward keeps follows from the shapes",
+                                 m["held_bytes"], m["predicted_held_bytes"], 0.05,
+                                 figure=f"measured {_mib(m['held_bytes'])}, "
+                                        f"predicted {_mib(m['predicted_held_bytes'])}"))
+    out.append(claims.at_most("sequence parallelism costs no more time than tensor parallelism",
+                              t_sp / t_tp, 1.05, figure=f"forward+backward SP {t_sp:.2f} ms, TP {t_tp:.2f} ms "
+                                                        f"({t_sp / t_tp:.2f}x) at {data['tokens'][-1]} tokens"))
+    return out
+
+
+def dtensor_verdicts(data: dict) -> list[claims.Verdict]:
+    t, tokens = data["time_ms"], data["tokens"]
+    out = []
+    for kind in ("TP", "SP"):
+        large, small = t[f"DTensor {kind}"][-1] / t[kind][-1], t[f"DTensor {kind}"][0] / t[kind][0]
+        out.append(claims.at_most(f"DTensor {kind} is as fast as the hand-written {kind} on a large layer",
+                                  large, 1.1, figure=f"DTensor / hand-written = {large:.2f}x at {tokens[-1]} tokens"))
+        out.append(claims.at_least(f"DTensor {kind} adds a visible overhead on a small layer", small, 1.1,
+                                   figure=f"DTensor / hand-written = {small:.2f}x at {tokens[0]} tokens"))
+    m = data["memory"]
+    out.append(claims.within("DTensor SP keeps the same activation memory as the hand-written SP",
+                             m["DTensor SP"]["held_bytes"], m["SP"]["held_bytes"], 0.10,
+                             figure=f"held after forward: DTensor {_mib(m['DTensor SP']['held_bytes'])}, "
+                                    f"hand-written {_mib(m['SP']['held_bytes'])}"))
+    return out
+
+
+CLAIMS = {"09_a2a_sweep": a2a_verdicts, ("09_a2a_sweep", "09_moe"): moe_verdicts, "09_sp_block": sp_verdicts,
+          "09_dtensor": dtensor_verdicts}
