@@ -171,8 +171,8 @@ verify.show(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
 #    all-reduced as one flat tensor: few large messages instead of one per parameter (lab 06: small
 #    messages pay the latency).
 # 3. **Overlap.** A hook on every parameter marks its gradient ready; when a bucket is full, its
-#    all-reduce starts on NCCL's stream while backward keeps computing earlier layers. Only the last
-#    bucket's all-reduce stands between the backward's end and the optimizer.
+#    all-reduce starts on NCCL's stream while backward keeps computing earlier layers. If the all-reduces
+#    keep pace with the backward, only the last bucket's stands between the backward's end and the optimizer.
 #
 # So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce.
 
