@@ -1,0 +1,310 @@
+"""Lab 08 (data parallelism) on CPU: the pure parts (formulas, trace arithmetic, verdicts), the notebook's
+code against the reference module, and every algorithm on real gloo ranks (one pool for the module).
+
+Run: pytest tests/test_lab08.py -q      (~1-2 min on 2 cores, mostly the gloo ranks)
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+import labutils
+from labutils.checks import ExerciseError
+from labutils.checks import lab08 as check
+from labutils.labs.lab08_data_parallel import claims as C
+from labutils.labs.lab08_data_parallel import memory, reference, trace, verify
+from labutils.labs.lab08_data_parallel import model as M
+from labutils.solutions import lab08 as S
+
+import lab08_fakes as fakes  # tests/lab08_fakes.py
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "notebooks" / "src" / "08_data_parallel.py"
+
+
+# ---- pure parts -----------------------------------------------------------------------------------
+def test_models_have_the_documented_sizes():
+    assert sum(p.numel() for p in M.ConvNet().parameters()) == 1610
+    tf = M.build_transformer(M.SMALL_TF)
+    assert sum(p.numel() for p in tf.parameters()) == M.n_params(M.SMALL_TF)
+    assert M.n_params(M.BENCH) == 24 * (12 * 1024**2 + 13 * 1024) + 2 * 1024
+    x, y = M.token_batch(M.SMALL_TF, 3)
+    assert tf(x).shape == y.shape == (3, M.SMALL_TF["seq"], M.SMALL_TF["d_model"])
+    a, _ = M.image_batch(4, seed=5)
+    b, _ = M.image_batch(4, seed=5)
+    assert torch.equal(a, b) and M.ConvNet().double()(a).shape == (4, 10)
+    with pytest.raises(ValueError, match="multiple of n_heads"):
+        M.Block(30, 4)
+
+
+def test_bytes_per_param_follow_the_zero_paper():
+    # the paper's figure 1 example: N = 64 -> 16, 4 + 12/64, 2 + 14/64, 16/64 bytes per parameter
+    paper = "mixed-precision Adam (ZeRO paper)"
+    assert memory.bytes_per_param("DDP", 64, paper) == 16
+    assert memory.bytes_per_param("ZeRO-1", 64, paper) == pytest.approx(4 + 12 / 64)
+    assert memory.bytes_per_param("ZeRO-2", 64, paper) == pytest.approx(2 + 14 / 64)
+    assert memory.bytes_per_param("ZeRO-3 / FSDP", 64, paper) == pytest.approx(16 / 64)
+    assert [memory.bytes_per_param(s, 2) for s in memory.SCHEMES] == [16, 12, 10, 8]
+    assert memory.predicted_bytes("ZeRO-2", 1000, 2) == 10_000
+    assert memory.formula("ZeRO-1") == "4Ψ + 4Ψ + 8Ψ/N"
+    for bad in (dict(scheme="ZeRO-4"), dict(precision="fp8"), dict(world_size=0), dict(world_size=True)):
+        kw = dict(scheme="DDP", world_size=2, precision=memory.OURS) | bad
+        with pytest.raises(ValueError, match="HINT|world_size"):
+            memory.bytes_per_param(kw["scheme"], kw["world_size"], kw["precision"])
+
+
+def test_interval_arithmetic():
+    assert trace.union([(3, 4), (0, 2), (1, 2.5)]) == [(0, 2.5), (3, 4)]
+    assert trace.total([(0, 2), (1, 3), (5, 6)]) == 4
+    assert trace.intersection([(0, 10)], [(2, 3), (5, 7), (9, 12)]) == 4
+    assert trace.intersection([(0, 1)], [(2, 3)]) == 0
+    assert trace.merge_close([(0, 1), (1.01, 2), (5, 6)], gap=0.05) == [(0, 2), (5, 6)]
+
+
+def test_summarize_reads_kernels_phases_and_overlap():
+    s = trace.summarize(fakes._events(comm_after_backward=False), lane="r0")
+    assert s["comm_ms"] == pytest.approx(4.0) and s["n_comm_kernels"] == 8
+    assert 0.8 < s["overlap_fraction"] <= 1.0
+    assert {sp["lane"] for sp in s["spans"]} == {"r0 phase", "r0 compute kernels", "r0 NCCL kernels"}
+    after = trace.summarize(fakes._events(comm_after_backward=True))
+    assert after["overlap_fraction"] == 0.0 and after["step_ms"] > s["step_ms"]
+    with pytest.raises(ValueError, match="no GPU kernel"):
+        trace.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])
+
+
+def test_a_profiled_cpu_step_is_a_readable_gzip_trace(tmp_path):
+    path = trace.profile_step(lambda: torch.ones(8, 8) @ torch.ones(8, 8), tmp_path / "t" / "step.json.gz")
+    events = trace.load_events(path)
+    assert path.exists() and path.suffix == ".gz" and any(e.get("name") == "aten::matmul" for e in events)
+
+
+def test_verdicts_follow_their_thresholds():
+    assert all(v.verdict == "TRUE" for v in C.ddp_verdicts(fakes.ddp()))
+    slow = C.ddp_verdicts(fakes.ddp(speedup=1.80, hidden_best=0.6))
+    assert [v.verdict for v in slow[:2]] == ["FALSE", "FALSE"]
+    assert C.speedup(fakes.ddp(speedup=1.9)) == pytest.approx(1.9)
+    assert all(v.verdict == "TRUE" for v in C.zero_verdicts(fakes.zero()))
+    assert all(v.verdict == "FALSE" for v in C.zero_verdicts(fakes.zero(off_by=0.2))[:3])
+    f = C.fsdp_verdicts(fakes.fsdp())
+    assert [v.verdict for v in f[:4]] == ["TRUE"] * 4
+    assert C.fsdp_verdicts(fakes.fsdp(state_ratio=0.6))[0].verdict == "FALSE"
+    assert C.hidden_fraction(10.0, 4.0, 11.0) == pytest.approx(0.75)
+    assert set(C.CLAIMS) == {"08_ddp", "08_zero", "08_fsdp"}
+
+
+def test_prediction_checkers(capsys):
+    check.prediction_lr_factor(None, 2)
+    check.prediction_bytes_per_param(None, "ZeRO-2", 2)
+    out = capsys.readouterr().out
+    assert "N x lr (N = 2 here)" in out and "= 10 bytes per parameter" in out
+    check.prediction_lr_factor(2, 2)
+    check.prediction_bytes_per_param(10, "ZeRO-2", 2)
+    with pytest.raises(ExerciseError, match="HINT"):
+        check.prediction_lr_factor(1, 2)
+    with pytest.raises(ExerciseError, match="HINT"):
+        check.prediction_bytes_per_param(16, "ZeRO-2", 2)
+
+
+def _functions(tree) -> dict:
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = ast.dump(node)
+    return out
+
+
+def test_the_notebook_runs_the_reference_code():
+    """The notebook defines the code it teaches in its cells; ``reference`` must be the same code (the
+    measurements, checkers and tests run the module's copy outside the notebook)."""
+    nb = _functions(ast.parse(SRC.read_text()))
+    ref = _functions(ast.parse(Path(reference.__file__).read_text()))
+    for name in reference.__all__:
+        assert name in nb, f"the notebook no longer defines {name}"
+        assert nb[name] == ref[name], f"{name}: the notebook's code and reference.{name} differ"
+
+
+def test_record_refuses_without_gpus_and_unknown_names(capsys):
+    from labutils.labs.lab08_data_parallel import record
+    if torch.cuda.device_count() < 2:
+        assert record.main([]) == 2
+        assert ">= 2 CUDA GPUs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        record.main(["bogus"])
+
+
+# ---- on gloo ranks ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool():
+    with labutils.RankPool(world_size=2, backend="gloo", output="quiet", timeout=300) as p:
+        yield p
+
+
+def test_by_hand_matches_one_device_and_sum_scales_lr(pool):
+    r = pool.run(verify.check_by_hand, reference.replicate, reference.train_data_parallel,
+                 {"average": S.average_gradients, "sum": reference.all_reduce_sum})[0]
+    assert r["before replicate: the ranks' weights differ"] and r["after replicate: every rank holds rank 0's weights"]
+    assert r["average, SGD with lr: == one device with lr"] and not r["average, SGD with lr: == one device with N x lr"]
+    assert r["sum, SGD with lr: == one device with N x lr"] and not r["sum, SGD with lr: == one device with lr"]
+    assert r["Adam: sum and average give the same weights (rtol 1e-05)"]
+
+
+def test_ddp_no_sync_and_bucket_views(pool):
+    def _train_ddp(rank, world_size, batches):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp = DDP(M.build_convnet(seed=rank))
+        opt = torch.optim.SGD(ddp.parameters(), lr=verify.LR)
+        return reference.train_data_parallel(ddp, batches, opt, lambda m: None)
+
+    r = pool.run(verify.check_ddp, _train_ddp, reference.train_data_parallel, reference.accumulate,
+                 S.average_gradients)[0]
+    assert r["DDP == data parallelism by hand (SGD)"] and r["DDP == one device on the whole batch (SGD)"]
+    assert r["4 micro-batches: all-reduce calls without no_sync"] == 4
+    assert r["4 micro-batches: all-reduce calls with no_sync"] == 1
+    assert r["no_sync: == one device's gradient on the whole batch"]
+    assert not r["gradient_as_bucket_view=False: every p.grad is a view into DDP's bucket"]
+    assert r["gradient_as_bucket_view=True: every p.grad is a view into DDP's bucket"]
+
+
+def test_zero_1_and_2_match_data_parallel_adam(pool):
+    r = pool.run(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
+                 reference.zero2_step, S.average_gradients)[0]
+    assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
+    assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
+    assert r["ZeRO-2: no rank holds a full gradient after backward"]
+    assert r["ZeRO-1: Adam state on this rank x N / DDP's (1.00 = a 1/N share)"] == "1.00"
+    assert r["communication per step in Ψ: DDP by hand, ZeRO-1, ZeRO-2"] == "2.00, 2.00, 2.00"
+
+
+def test_fsdp2_matches_ddp_and_moves_3_psi(pool):
+    r = pool.run(verify.check_fsdp, reference.shard_transformer)[0]
+    assert all(v for k, v in r.items() if "==" in k), r
+    assert r["FSDP2: communication per step in Ψ"] == "3.0"
+    assert r["FSDP2, reshard_after_forward=False: communication per step in Ψ"] == "2.0"
+    assert r["DDP: communication per step in Ψ"] == "2.0"
+
+
+def test_ledger_counts_what_each_collective_moves(pool):
+    def rank_fn(rank, world_size):
+        import torch.distributed as dist
+        from labutils import compat
+        from labutils.labs.lab08_data_parallel.ledger import CollectiveLedger
+        with CollectiveLedger() as book:
+            t = torch.ones(10)
+            dist.all_reduce(t)                                    # 40 B, volume 2 S
+            out = torch.empty(5)
+            compat.reduce_scatter_tensor(out, torch.ones(10))     # input 40 B
+            compat.all_gather_into_tensor(torch.empty(10), out)   # output 40 B
+            dist.broadcast(t, src=0)                              # not a gradient collective
+        with pytest.raises(ValueError):
+            book.volume_in_params(0)
+        return book.counts(), book.bytes_by_op(), book.volume_bytes(), book.volume_in_params(20), book.wire_bytes(2)
+    counts, by_op, volume, in_params, wire = pool.run(rank_fn)[0]
+    assert counts == {"all_reduce": 1, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+    assert by_op == {"all_reduce": 40, "reduce_scatter": 40, "all_gather": 40, "broadcast": 40}
+    assert volume == 160 and in_params == 2.0 and wire == 80
+
+
+def test_zero_with_padding_on_three_ranks(no_leaks):
+    """ConvNet's sizes do not all divide by 3: the padded-copy path of shard_of and gather_param."""
+    r = labutils.launch(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
+                        reference.zero2_step, S.average_gradients, world_size=3, backend="gloo",
+                        output="quiet", timeout=300)[0]
+    assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
+    assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
+
+
+# ---- exercise checkers ------------------------------------------------------------------------------
+def _wrong_answers() -> dict:
+    """Learner answers, defined in a function so that cloudpickle sends them by value to the ranks."""
+    def _stub(*args):
+        raise NotImplementedError
+
+    def _sum_only(model):
+        import torch.distributed as dist
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+
+    def _no_op(model):
+        pass
+
+    def _zero_no_divide(params, shards, optimizer):
+        import torch.distributed as dist
+        from labutils import compat
+        n = dist.get_world_size()
+        for p, s in zip(params, shards):
+            s.grad = torch.empty_like(s)
+            compat.reduce_scatter_tensor(s.grad, reference.padded_flat(p.grad, n))
+            p.grad = None
+        optimizer.step()
+        optimizer.zero_grad()
+        for p, s in zip(params, shards):
+            reference.gather_param(p, s)
+
+    def _zero_no_gather(params, shards, optimizer):
+        import torch.distributed as dist
+        from labutils import compat
+        n = dist.get_world_size()
+        for p, s in zip(params, shards):
+            s.grad = torch.empty_like(s)
+            compat.reduce_scatter_tensor(s.grad, reference.padded_flat(p.grad, n))
+            s.grad /= n
+            p.grad = None
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def _zero_raises(params, shards, optimizer):
+        raise RuntimeError("boom")
+
+    return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "zero_no_divide": _zero_no_divide,
+            "zero_no_gather": _zero_no_gather, "zero_raises": _zero_raises}
+
+
+W = _wrong_answers()
+
+
+def test_average_checker(pool, capsys):
+    assert check.average_gradients(W['stub'], pool=pool) is S.average_gradients
+    assert "not attempted" in capsys.readouterr().out
+    assert check.average_gradients(S.average_gradients, pool=pool) is S.average_gradients
+    with pytest.raises(ExerciseError, match="divide the sum"):
+        check.average_gradients(W['sum_only'], pool=pool)
+    with pytest.raises(ExerciseError, match="still each rank's own"):
+        check.average_gradients(W['no_op'], pool=pool)
+
+
+def test_zero_step_checker(pool, capsys):
+    assert check.zero_step(W['stub'], pool=pool) is S.zero1_step
+    assert "not attempted" in capsys.readouterr().out
+    assert check.zero_step(S.zero1_step, pool=pool) is S.zero1_step
+    with pytest.raises(ExerciseError, match="world_size times the average"):
+        check.zero_step(W['zero_no_divide'], pool=pool)
+    with pytest.raises(ExerciseError, match="all-gather the shards"):
+        check.zero_step(W['zero_no_gather'], pool=pool)
+    with pytest.raises(ExerciseError, match="raised RuntimeError: boom"):
+        check.zero_step(W['zero_raises'], pool=pool)
+
+
+def test_checker_without_pool_uses_fresh_gloo_ranks(no_leaks, capsys):
+    check.average_gradients(S.average_gradients)
+    assert "✓" in capsys.readouterr().out
+
+
+def test_measurements_run_on_gloo(pool):
+    """The GPU measurement code, on CPU ranks with a tiny config: structure and volumes (memory is 0 off
+    CUDA, and no trace is taken without GPU kernels); the figures themselves come from the GPUs."""
+    from labutils.labs.lab08_data_parallel import measure
+    cfg = dict(M.SMALL_TF, warmup=1, repeat=1, bucket_caps_mb=[0.01, 4], memory_rows=1, memory_seq=4, prefetch=1)
+    d = measure.ddp(pool, cfg)
+    assert [r["n_buckets"] for r in d["sweep"]] == [10, 1] and d["traces"] == {}
+    assert all(r["volume_psi"] == pytest.approx(2.0) and r["step_ms"] > 0 for r in d["sweep"])
+    assert sum(d["sweep"][0]["bucket_bytes"]) == 4 * M.n_params(cfg)
+    z = measure.zero(pool, cfg)
+    assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
+    assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])
+    f = C.fsdp_rows(measure.fsdp(pool, cfg))
+    assert f["FSDP2"]["volume_psi"] == pytest.approx(3.0, rel=0.01)
+    assert f["FSDP2, reshard_after_forward=False"]["volume_psi"] == pytest.approx(2.0, rel=0.01)
+    assert f["DDP"]["calls"]["all_reduce"] == 1
