@@ -8,6 +8,12 @@ torch >= 2.13 renamed the tensor forms of all-gather and reduce-scatter (``all_g
 """
 from __future__ import annotations
 
+import copyreg
+import importlib
+import pickle
+import sys
+
+import cloudpickle
 import torch.distributed as dist
 
 
@@ -21,3 +27,24 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     """``dist.reduce_scatter_tensor(output, input, op)`` under the name this torch prefers."""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(output, input, op=op, group=group, async_op=async_op)
+
+
+def dumps(obj) -> bytes:
+    """``cloudpickle.dumps(obj)`` that also works for functions using ``dist`` and a global named like one of
+    torch's config modules (``config``, ``_config``).
+
+    cloudpickle sends, with a function, every submodule of a global module whose name the code uses as an
+    attribute: a function that calls ``dist.get_rank()`` and ``config.rank_device()`` drags
+    ``torch.distributed.config`` along. Since torch 2.13 that is a ``ConfigModuleInstance``, which pickle
+    cannot copy ("cannot pickle 'ConfigModuleInstance' object"). Such modules are importable by name on
+    every rank, so they are sent as a reference instead.
+    """
+    for mod in list(sys.modules.values()):
+        kind = type(mod)
+        if kind.__name__ == "ConfigModuleInstance" and kind not in copyreg.dispatch_table:
+            copyreg.pickle(kind, _import_by_name)
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _import_by_name(module):
+    return importlib.import_module, (module.__name__,)

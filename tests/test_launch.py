@@ -175,3 +175,15 @@ def test_leftover_ranks_reports_live_rank_processes_only():
         for p in (sleeper, quick, other):
             p.kill()
             p.wait()
+
+
+def test_function_using_dist_and_a_global_named_config_can_be_sent():
+    """cloudpickle drags torch.distributed.config along with such a function; torch >= 2.13 made that a
+    ConfigModuleInstance that pickle cannot copy. labutils sends it by name."""
+    from labutils import config
+    import torch.distributed as dist
+
+    def fn(rank, world_size):
+        return dist.get_rank(), str(config.rank_device())
+
+    assert labutils.launch(fn, world_size=2, backend="gloo", output="quiet") == [(0, "cpu"), (1, "cpu")]

@@ -31,7 +31,6 @@ import socket
 import struct
 from multiprocessing import connection as mpc
 
-import cloudpickle
 
 TOKEN_BYTES = 32
 HANDSHAKE_S = 5.0  # a peer that stalls the challenge is dropped after this many seconds
@@ -45,7 +44,8 @@ def new_token() -> bytes:
 
 def dumps(obj) -> bytes:
     """cloudpickle ``obj`` (functions and classes from notebook cells go by value)."""
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    from .. import compat  # lazy: it imports torch
+    return compat.dumps(obj)
 
 
 def pack(kind: str, task_id: int = 0, body: bytes = b"") -> bytes:
