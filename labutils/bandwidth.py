@@ -15,7 +15,12 @@ Source: NVIDIA nccl-tests, ``doc/PERFORMANCE.md`` and the ``*GetBw`` functions i
   broadcast       the buffer                                   1
   reduce          the buffer                                   1
   send_recv       the bytes one rank sends                     1
+  send_one_way    the bytes one rank sends                     1
   ==============  ===========================================  ==================
+
+  send_recv is nccl-tests' ring (every rank sends to the next and receives from the previous at
+  once: on 2 ranks both directions of the link at the same time); send_one_way moves the message
+  in one direction only (rank 2k -> 2k+1), as a pipeline stage sends to the next.
 
 * **busbw** = algbw x factor: the bandwidth one link must sustain with a ring algorithm, so it
   can be compared with the hardware peak whatever the number of ranks.
@@ -38,12 +43,14 @@ _FACTORS = {
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
     "send_recv": lambda n: 1.0,
+    "send_one_way": lambda n: 1.0,
 }
 OPS = tuple(_FACTORS)
 _ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
             "alltoall": "all_to_all", "sendrecv": "send_recv", "all_gather_into_tensor": "all_gather",
             "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all",
-            "p2p": "send_recv", "send": "send_recv"}
+            "p2p": "send_recv", "send": "send_recv", "oneway": "send_one_way",
+            "sendoneway": "send_one_way"}
 
 
 def canonical_op(op: str) -> str:

@@ -6,7 +6,8 @@
   ``iters`` back-to-back calls between two events, time / iters; repeated ``repeat`` times. Each
   rank measures its own time; the reported sample is the **slowest rank's** (nccl-tests averages
   over ranks by default, ``-a 1``; we report ``-a 3``, the max, because a collective is done only
-  when its last rank is done). Call it on every rank.
+  when its last rank is done). Call it on every rank. ``benchmark_loops`` does the same for
+  several loops of calls in turn (a benchmark's call next to a bare loop, a replayed CUDA graph).
 * ``Clock(device)``: the one clock every timed region in labutils uses -- marks are CUDA events on
   the device's current stream on a GPU, ``time.perf_counter`` on the CPU; ``SpanTimer`` records
   named spans on several devices with it (for ``plots.timeline_plot``).
@@ -222,25 +223,46 @@ def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: in
     Returns:
         Timing of one call in ms, each sample being the **slowest rank's** time / iters.
     """
-    import torch.distributed as dist
-    check_counts(warmup=warmup, iters=iters, repeat=repeat)
-    clock = Clock("cuda" if dist.get_backend(group) == "nccl" else "cpu")
-    for _ in range(warmup):
-        op()
-    mine = []
-    for _ in range(repeat):
-        clock.synchronize()
-        dist.barrier(group=group)
-        clock.synchronize()
-        start = clock.mark()
-        for _ in range(iters):
+    def loop(k: int) -> None:
+        for _ in range(k):
             work = op()
             if work is not None and hasattr(work, "wait"):
                 work.wait()  # async_op=True: make the current stream wait for NCCL's
-        stop = clock.mark()
-        clock.synchronize()
-        mine.append(clock.elapsed_ms(start, stop) / iters)
-    return summarize(slowest_rank(mine, group=group))
+    return benchmark_loops({"op": loop}, warmup=warmup, iters=iters, repeat=repeat, group=group)["op"]
+
+
+def benchmark_loops(loops: dict, *, warmup: int = 5, iters: int = 20, repeat: int = 5,
+                    group=None) -> dict:
+    """Time loops of collectives the nccl-tests way, sample by sample in turn; every rank calls it.
+
+    ``loops[name](k)`` issues k calls back to back (a bare ``for`` loop around a torch call, or a
+    CUDA graph replayed k times). One sample of a loop: synchronise, barrier, synchronise, a mark,
+    ``loop(iters)``, a mark; time / iters. The loops take turns sample by sample, so a drift of
+    the machine (clocks, a noisy neighbour) affects them alike and their ratio stays honest.
+
+    Returns:
+        ``{name: Timing}`` of one call in ms, each sample being the **slowest rank's**.
+    """
+    import torch.distributed as dist
+    check_counts(warmup=warmup, iters=iters, repeat=repeat)
+    if not loops:
+        raise ValueError("benchmark_loops needs at least one loop. HINT: {'name': loop}.")
+    clock = Clock("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    for loop in loops.values():
+        loop(warmup)
+    mine: dict = {name: [] for name in loops}
+    for _ in range(repeat):
+        for name, loop in loops.items():
+            clock.synchronize()
+            dist.barrier(group=group)
+            clock.synchronize()
+            start = clock.mark()
+            loop(iters)
+            stop = clock.mark()
+            clock.synchronize()
+            mine[name].append(clock.elapsed_ms(start, stop) / iters)
+    flat = slowest_rank([x for name in loops for x in mine[name]], group=group)
+    return {name: summarize(flat[i * repeat:(i + 1) * repeat]) for i, name in enumerate(loops)}
 
 
 def slowest_rank(samples_ms, group=None) -> list[float]:

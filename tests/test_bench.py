@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import labutils
 from labutils import bandwidth
-from labutils.bench import config as bconfig, ops, report, sweep
+from labutils.bench import analysis, config as bconfig, files, graph, ops, report, sweep
 from labutils.commands import bench as bench_cli
 from labutils.__main__ import main
 
@@ -50,6 +50,8 @@ def test_parse_size_rejects_with_hint(text):
     (["--world-size", "1"], "expected an integer >= 2"),
     (["--json", "/no/such/folder/r.json"], "folder /no/such/folder does not exist. HINT"),
     (["--backend", "nccl"], "needs CUDA GPUs"),
+    (["-G", "-1"], "expected an integer >= 0"),
+    (["--cuda-graph", "5", "--backend", "gloo"], "--cuda-graph needs NCCL on GPUs, but the backend is gloo"),
 ])
 def test_bad_arguments_are_usage_errors(argv, message, capsys):
     if message == "needs CUDA GPUs" and torch.cuda.is_available():
@@ -85,10 +87,28 @@ def test_layout_matches_nccl_tests(coll, n, count, size, ins, outs):
     assert bconfig.layout(coll, s, 4, n) == {"count": count, "size_bytes": size, "in_numel": ins, "out_numel": outs}
 
 
-def test_auto_iters_fewer_for_big_messages():
-    assert [bconfig.auto_iters(s) for s in (8, 2**26, 2**27, 2**28, 2**30)] == [20, 20, 10, 5, 5]
+def test_auto_iters_more_for_small_fewer_for_big_messages():
+    assert [bconfig.auto_iters(s) for s in (8, 2**20, 2**20 + 1, 2**26, 2**27, 2**28, 2**30)] == \
+        [100, 100, 20, 20, 10, 5, 5]
     cfg = bconfig.BenchConfig(iters=7)
     assert cfg.iters_for(2**30) == 7 and bconfig.BenchConfig().iters_for(2**30) == 5
+
+
+@pytest.mark.parametrize("n, roles", [
+    (2, [("send", 1), ("recv", 0)]),
+    (3, [("send", 1), ("recv", 0), (None, None)]),          # a last odd rank idles
+    (4, [("send", 1), ("recv", 0), ("send", 3), ("recv", 2)]),
+])
+def test_one_way_pairs(n, roles):
+    assert [bconfig.one_way_peer(r, n) for r in range(n)] == roles
+
+
+def test_graph_mode_is_for_nccl_only():
+    graph.require_graphs("nccl")
+    with pytest.raises(ValueError, match="gloo runs on the CPU and has no CUDA graphs. HINT: drop --cuda-graph"):
+        graph.require_graphs("gloo")
+    with pytest.raises(ValueError, match="cuda_graph must be an integer >= 0"):
+        bconfig.BenchConfig(cuda_graph=-2)
 
 
 def test_planned_points_skip_empty_sizes():
@@ -181,6 +201,36 @@ def test_summary_average_peak_latency_and_link():
     assert bad["wrong_total"] == 7 * 4 and "FAILED" in report.summary_lines(bad)[0]
 
 
+def test_bench_over_bare_latency_and_graph_lines():
+    doc = _doc()
+    doc["latency"].update(bare_us=12.5 / 1.04, sample_start_us=60.0, iters=100)
+    doc["rows"][0]["bare_us"] = doc["rows"][0]["time_us"] / 1.2
+    doc["graph_latency"] = {**_row("all_reduce", "in-place", 8, 4.25), "mode": "graph", "replays": 20}
+    doc["summary"] = report.summarize(doc)
+    assert report.bench_over_bare(doc) == {"latency": pytest.approx(1.04), "all_reduce": pytest.approx(1.2)}
+    line = report.latency_line(doc["latency"])
+    assert "bare loop 12.02 us, bench/bare 1.04" in line and "per-sample start 60 us = +0.60 us per call" in line
+    assert report.latency_line(doc["graph_latency"]).startswith("# 8-byte latency (CUDA graph): all_reduce of 8 B")
+    text = "\n".join(report.table_lines(doc))
+    assert "# 8-byte latency       : 4.25 us (the same, replayed from a CUDA graph" in text
+    assert "# bench / bare loop    : latency 1.04 | all_reduce 1.20" in text and "goal <= 1.15: NOT met" in text
+    assert [r["kind"] for r in files.csv_rows(doc)][:2] == ["latency", "latency"]
+    assert "replayed from a CUDA graph: 4.25 us" in report.link_note(doc)
+    old = _doc()  # a recording made before bare loops and graphs: nothing to show, nothing breaks
+    assert report.bench_over_bare(old) == {} and "bench / bare" not in "\n".join(report.table_lines(old))
+
+
+def test_header_says_mode_and_send_recv_forms():
+    doc = _doc()
+    head = "\n".join(report.header_lines(doc))
+    assert "# mode: eager: `iters` calls back to back between two CUDA events" in head
+    assert "# send_recv: nccl-tests' ring" in head and "batch_isend_irecv" in head
+    doc["meta"]["config"].update(cuda_graph=20, collectives=["all_reduce", "send_one_way"])
+    head = "\n".join(report.header_lines(doc))
+    assert "| cuda graph launches: 20" in head and "# mode: CUDA graph (-G 20)" in head
+    assert "# send_one_way: rank 2k sends S to 2k+1" in head and "# send_recv:" not in head
+
+
 def test_table_lines_have_header_blocks_and_summary():
     lines = report.table_lines(_doc())
     assert lines[1] == "# fingerprint: 2x GPU | NV18 | torch x"
@@ -191,36 +241,36 @@ def test_table_lines_have_header_blocks_and_summary():
 
 def test_csv_and_json_round_trip(tmp_path):
     doc = _doc()
-    report.write_csv(tmp_path / "r.csv", doc)
+    files.write_csv(tmp_path / "r.csv", doc)
     with open(tmp_path / "r.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 + len(doc["rows"]) and rows[0]["kind"] == "latency"
     assert {r["fingerprint"] for r in rows} == {"2x GPU | NV18 | torch x"}
     assert float(rows[1]["busbw_gbps"]) == pytest.approx(doc["rows"][0]["busbw_gbps"])
-    report.write_json(tmp_path / "r.json", doc)
-    back = report.load_json(tmp_path / "r.json")
+    files.write_json(tmp_path / "r.json", doc)
+    back = files.load_json(tmp_path / "r.json")
     assert back["fingerprint"] == doc["fingerprint"] and back["summary"] == json.loads(json.dumps(doc["summary"]))
     (tmp_path / "other.json").write_text('{"name": 1}')
     with pytest.raises(ValueError, match="not a labutils bench result.*HINT"):
-        report.load_json(tmp_path / "other.json")
+        files.load_json(tmp_path / "other.json")
 
 
 def test_fits_recover_alpha_beta_and_interpolation():
     doc = _doc(alpha_us=10.0, beta_gbps=100.0)
-    fits = report.fits(doc)
+    fits = analysis.fits(doc)
     assert set(fits) == {"all_reduce", "all_gather", "send_recv"}
     assert fits["all_reduce"].alpha_us == pytest.approx(10.0, rel=1e-6)
     assert fits["all_reduce"].beta_gbps == pytest.approx(100.0, rel=1e-6)
-    t = report.time_us_at(doc, "all_reduce", 2**14)
+    t = analysis.time_us_at(doc, "all_reduce", 2**14)
     assert t == pytest.approx(10.0 + 2**14 / 1e5)  # exactly a measured point
-    mid = report.time_us_at(doc, "all_reduce", 2**16)  # between 2^14 and 2^18
+    mid = analysis.time_us_at(doc, "all_reduce", 2**16)  # between 2^14 and 2^18
     assert min(10 + 2**14 / 1e5, 10 + 2**18 / 1e5) < mid < max(10 + 2**14 / 1e5, 10 + 2**18 / 1e5)
-    assert report.time_us_at(doc, "all_reduce", 8) is None  # outside the sweep
+    assert analysis.time_us_at(doc, "all_reduce", 8) is None  # outside the sweep
 
 
 def test_busbw_figure_and_note():
     doc = _doc()
-    fig = report.busbw_figure(doc, prediction=(2**30, 150.0))
+    fig = analysis.busbw_figure(doc, prediction=(2**30, 150.0))
     labels = [line.get_label() for line in fig.axes[0].lines]
     assert "all_gather (out-of-place)" in labels and "your prediction" in labels
     note = report.link_note(doc)
@@ -252,8 +302,16 @@ def _sweep_and_bugs(rank, world_size):
             "root": ops.verify_one(rank, world_size, "broadcast", 1024, run=_all_to_wrong_root),
             "max": ops.verify_one(rank, world_size, "reduce_scatter", 1024, run=_max_not_sum),
             "order": ops.verify_one(rank, world_size, "all_gather", 1024, run=_swapped_gather),
-            "good": ops.verify_one(rank, world_size, "all_gather", 1024, run=None)}
+            "good": ops.verify_one(rank, world_size, "all_gather", 1024, run=None),
+            "both_ways": ops.verify_one(rank, world_size, "send_one_way", 1024, run=_both_ways)}
     return result, bugs
+
+
+def _both_ways(case):  # the ring exchange, checked as a one-way send: the sender's output is overwritten
+    n = case.world_size
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, case.inp, (case.rank + 1) % n),
+                                        dist.P2POp(dist.irecv, case.out, (case.rank - 1) % n)]):
+        work.wait()
 
 
 def test_sweep_on_gloo_checks_every_result_and_catches_bugs(no_leaks):
@@ -270,7 +328,15 @@ def test_sweep_on_gloo_checks_every_result_and_catches_bugs(no_leaks):
     assert bugs["good"] == 0
     assert bugs["copy"] == 2 * 256                 # every element of every rank keeps its own value
     assert bugs["root"] > 0 and bugs["max"] > 0 and bugs["order"] > 0
+    assert bugs["both_ways"] > 200                 # rank 0 (the sender) received rank 1's data
     assert [d["device"] for d in result["meta"]["devices"]] == ["cpu", "cpu"]
+    # a bare loop of the same torch call beside the benchmark's, at each collective's smallest size only
+    first = {}
+    for r in rows:
+        first.setdefault(r["collective"], r)
+    assert all((r["bare_us"] is not None) == (r is first[r["collective"]]) for r in rows)
+    assert result["latency"]["bare_us"] > 0 and result["latency"]["sample_start_us"] >= 0
+    assert result["mode"] == "eager" and result["graph_latency"] is None
 
 
 def _dtype_matrix(rank, world_size):
@@ -295,6 +361,15 @@ def _big_for_memory(rank, world_size):
     sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=2**50, minbytes=2**50))
 
 
+def _graph_on_gloo(rank, world_size):
+    sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=64, cuda_graph=3))
+
+
+def test_graph_mode_on_gloo_ranks_is_a_clear_error(no_leaks):
+    with pytest.raises(labutils.RankError, match=r"needs NCCL on GPUs.*HINT: drop --cuda-graph"):
+        labutils.launch(_graph_on_gloo, world_size=2, backend="gloo", timeout=60)
+
+
 def test_too_large_a_sweep_fails_before_allocating(no_leaks):
     with pytest.raises(labutils.RankError, match=r"MemoryError.*HINT: lower -e/--maxbytes"):
         labutils.launch(_big_for_memory, world_size=2, backend="gloo", timeout=60)
@@ -316,7 +391,7 @@ def test_cli_standalone_writes_table_csv_json_plot(tmp_path, no_leaks):
     text = out.stdout
     assert "# CPU/gloo run:" in text  # labelled by backend, whatever the machine
     assert ("# fingerprint: CPU only" in text) == (not torch.cuda.is_available())
-    assert text.count("#       size         count") == 7 and "# Wrong elements       : 0 OK" in text
+    assert text.count("#       size         count") == len(bandwidth.OPS) and "# Wrong elements       : 0 OK" in text
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["fingerprint"].startswith("CPU only") == (not torch.cuda.is_available())
     assert doc["meta"]["backend"] == "gloo"
@@ -339,10 +414,11 @@ def test_cli_standalone_writes_table_csv_json_plot(tmp_path, no_leaks):
 
 def test_cli_under_torchrun_rank0_prints(tmp_path, no_leaks):
     out = _cli("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "labutils", "bench",
-               *CLI_ARGS, "--collectives", "all_reduce,send_recv", "--json", str(tmp_path / "t.json"),
+               *CLI_ARGS, "--collectives", "all_reduce,send_recv", "--no-bare", "--json", str(tmp_path / "t.json"),
                env={"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("# labutils bench:") == 1  # rank 0 only
+    assert "bench/bare" not in out.stdout and "# bench / bare loop" not in out.stdout  # --no-bare
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["meta"]["world_size"] == 2 and "under torchrun" in doc["command"]
     assert {r["collective"] for r in doc["rows"]} == {"all_reduce", "send_recv"}

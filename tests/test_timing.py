@@ -57,6 +57,30 @@ def test_benchmark_collective_reports_slowest_rank(no_leaks):
     assert len(out[0]) == 4 and min(out[0]) >= 4.0
 
 
+def _loops_timing(rank, world_size):
+    calls = {"fast": 0, "slow": 0}
+
+    def fast(k):
+        calls["fast"] += k
+
+    def slow(k):  # rank 1 sleeps: only the max over ranks shows it on rank 0
+        calls["slow"] += k
+        if rank == 1:
+            time.sleep(0.002 * k)
+    ts = timing.benchmark_loops({"fast": fast, "slow": slow}, warmup=2, iters=3, repeat=4)
+    return {name: t.samples_ms for name, t in ts.items()}, calls
+
+
+def test_benchmark_loops_take_turns_and_report_the_slowest_rank(no_leaks):
+    out = labutils.launch(_loops_timing, world_size=2, backend="gloo")
+    assert out[0][0] == out[1][0]                # the same samples on every rank
+    samples, calls = out[0]
+    assert calls == {"fast": 2 + 4 * 3, "slow": 2 + 4 * 3}
+    assert min(samples["slow"]) >= 2.0 and max(samples["fast"]) < min(samples["slow"])
+    with pytest.raises(ValueError, match="at least one loop"):
+        timing.benchmark_loops({})
+
+
 def test_clock_on_cpu_measures_host_time():
     clock = timing.Clock("cpu")
     assert not clock.on_gpu and clock.device.type == "cpu"

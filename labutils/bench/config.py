@@ -24,7 +24,7 @@ from .. import bandwidth
 PLACEMENTS = ("out-of-place", "in-place")
 FORMS = {"all_reduce": ("in-place",), "all_gather": PLACEMENTS, "reduce_scatter": PLACEMENTS,
          "all_to_all": ("out-of-place",), "broadcast": ("in-place",), "reduce": ("in-place",),
-         "send_recv": ("out-of-place",)}
+         "send_recv": ("out-of-place",), "send_one_way": ("out-of-place",)}
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 ROOTED = ("broadcast", "reduce")
 # nccl-tests type name -> (torch dtype name, bytes per element)
@@ -35,6 +35,14 @@ _DTYPE_ALIASES = {"float16": "half", "fp16": "half", "float32": "float", "fp32":
                   "float64": "double", "fp64": "double", "bf16": "bfloat16", "int": "int32",
                   "char": "int8"}
 REDOPS = ("sum", "prod", "max", "min", "avg")
+# What one timed send/recv call is (the header prints it). benchmarks/p2p_forms.py times every
+# correct form of each; these are the ones that cost least there.
+P2P_FORMS = {
+    "send_recv": "nccl-tests' ring: rank r sends S to r+1 and receives S from r-1 at once, both in one "
+                 "batch_isend_irecv (one NCCL group per call)",
+    "send_one_way": "rank 2k sends S to 2k+1 (isend + wait), rank 2k+1 receives it (irecv + wait), a last "
+                    "odd rank idles: one direction, one operation per rank and call",
+}
 _RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}  # only avg rounds
 
 
@@ -48,9 +56,24 @@ def canonical_dtype(name: str) -> str:
     return key
 
 
+AUTO_ITERS = "100 per sample up to 1 MiB, 20 up to 64 MiB, then fewer as the size doubles, at least 5"
+
+
 def auto_iters(size_bytes: int) -> int:
-    """Back-to-back calls per sample: 20 (nccl-tests' default) up to 64 MiB, fewer above, >= 5."""
+    """Back-to-back calls per sample (``AUTO_ITERS``). Each sample starts after a barrier, and its first
+    call pays for the ranks' start (tens of us): 100 calls make that a small share of a small message's
+    time; 20 (nccl-tests' default) suffice where one call takes longer; fewer above 64 MiB."""
+    if size_bytes <= 2**20:
+        return 100
     return max(5, min(20, round(20 * 2**26 / max(size_bytes, 1))))
+
+
+def one_way_peer(rank: int, world_size: int) -> tuple[str | None, int | None]:
+    """send_one_way's pairs: rank 2k sends to 2k+1, which receives; a last rank without a partner
+    (odd world size) idles. Returns ``("send", peer)``, ``("recv", peer)`` or ``(None, None)``."""
+    if rank % 2 == 0:
+        return ("send", rank + 1) if rank + 1 < world_size else (None, None)
+    return "recv", rank - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +96,16 @@ class BenchConfig:
     collectives: tuple = bandwidth.OPS
     timed: bool = True                    # False: correctness only (no timing)
     latency: bool = True                  # also time all_reduce at 8 B as its own line
+    cuda_graph: int = 0                   # -G: capture `iters` calls in a CUDA graph, replay it this
+                                          # many times per sample (0: eager calls); NCCL only
+    bare: bool = True                     # (ours) time a bare loop of the same torch call beside the
+                                          # benchmark's at each collective's smallest size
 
     def __post_init__(self):
         object.__setattr__(self, "datatype", canonical_dtype(self.datatype))
         object.__setattr__(self, "collectives", tuple(bandwidth.canonical_op(c) for c in self.collectives))
         for name, low in (("minbytes", 1), ("maxbytes", 1), ("stepfactor", 2), ("root", 0), ("iters", 1),
-                          ("warmup_iters", 0), ("repeat", 1), ("check", 0)):
+                          ("warmup_iters", 0), ("repeat", 1), ("check", 0), ("cuda_graph", 0)):
             v = getattr(self, name)
             if (v is not None or name != "iters") and (isinstance(v, bool) or not isinstance(v, int) or v < low):
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}.")

@@ -22,7 +22,8 @@ import dataclasses
 
 from .. import bandwidth
 from ..config import rank_device
-from .config import DTYPES, FORMS, REDUCING, BenchConfig, count_wrong, fill_pattern, layout, pattern_tile, reduce_tiles
+from .config import (DTYPES, FORMS, REDUCING, BenchConfig, count_wrong, fill_pattern, layout, one_way_peer,
+                     pattern_tile, reduce_tiles)
 
 
 def _reduce_op(redop: str):
@@ -40,6 +41,16 @@ def _send_recv(c):
         work.wait()  # NCCL: the current stream waits for the transfer (the CPU does not)
 
 
+def _send_one_way(c):
+    """One direction only, pair by pair (``config.one_way_peer``): one operation per rank and call."""
+    import torch.distributed as dist
+    role, peer = one_way_peer(c.rank, c.world_size)
+    if role == "send":
+        dist.isend(c.inp, peer).wait()
+    elif role == "recv":
+        dist.irecv(c.out, peer).wait()
+
+
 def _runner(collective: str):
     import torch.distributed as dist
     from ..compat import all_gather_into_tensor as all_gather, reduce_scatter_tensor as reduce_scatter
@@ -51,7 +62,60 @@ def _runner(collective: str):
         "broadcast": lambda c: dist.broadcast(c.out, src=c.root),
         "reduce": lambda c: dist.reduce(c.out, dst=c.root, op=c.op),
         "send_recv": _send_recv,
+        "send_one_way": _send_one_way,
     }[collective]
+
+
+def bare_loop(case: "Case"):
+    """``loop(k)``: k back-to-back calls of the very torch function ``case`` times, with nothing
+    around it (no case object, no lambda, no check of a returned work): the reference the
+    benchmark's own per-call time is compared with."""
+    import torch.distributed as dist
+    from ..compat import torch_function
+    inp, out, op, root, r, n = case.inp, case.out, case.op, case.root, case.rank, case.world_size
+    coll = case.collective
+    if coll == "all_reduce":
+        def loop(k):
+            for _ in range(k):
+                dist.all_reduce(out, op=op)
+    elif coll in ("all_gather", "reduce_scatter"):
+        fn = torch_function("all_gather_into_tensor" if coll == "all_gather" else "reduce_scatter_tensor")
+        kw = {} if coll == "all_gather" else {"op": op}
+
+        def loop(k):
+            for _ in range(k):
+                fn(out, inp, **kw)
+    elif coll == "all_to_all":
+        def loop(k):
+            for _ in range(k):
+                dist.all_to_all_single(out, inp)
+    elif coll == "broadcast":
+        def loop(k):
+            for _ in range(k):
+                dist.broadcast(out, src=root)
+    elif coll == "reduce":
+        def loop(k):
+            for _ in range(k):
+                dist.reduce(out, dst=root, op=op)
+    elif coll == "send_recv":
+        pair = [dist.P2POp(dist.isend, inp, (r + 1) % n), dist.P2POp(dist.irecv, out, (r - 1) % n)]
+
+        def loop(k):
+            for _ in range(k):
+                for work in dist.batch_isend_irecv(pair):
+                    work.wait()
+    elif coll == "send_one_way":
+        role, peer = one_way_peer(r, n)
+        call = {"send": dist.isend, "recv": dist.irecv}.get(role)
+        buf = inp if role == "send" else out
+
+        def loop(k):
+            if call is not None:
+                for _ in range(k):
+                    call(buf, peer).wait()
+    else:
+        raise ValueError(f"no bare loop for {coll!r}.")
+    return loop
 
 
 @dataclasses.dataclass
@@ -98,6 +162,12 @@ class Case:
                 fill_pattern(self.expected[p * c:(p + 1) * c], tiles[p], r * c)
         elif coll in REDUCING:
             fill_pattern(self.expected, reduce_tiles(tiles, self.redop), r * c if coll == "reduce_scatter" else 0)
+        elif coll == "send_one_way":
+            role, peer = one_way_peer(r, n)
+            if role == "recv":
+                fill_pattern(self.expected, tiles[peer], 0)
+            else:
+                self.expected.zero_()  # a sender's or an idle rank's output is never written
         else:  # broadcast, send_recv
             fill_pattern(self.expected, tiles[self.root if coll == "broadcast" else (r - 1) % n], 0)
 

@@ -1,26 +1,25 @@
-"""What ``python -m labutils bench`` prints and writes: the nccl-tests table, the summary, CSV/JSON,
-the busbw plot and alpha-beta fits. Pure functions of the result (no GPU, no processes)::
+"""What ``python -m labutils bench`` prints: the header, the nccl-tests table, the latency lines, the
+summary and the Markdown note. Pure functions of the result (no GPU, no processes)::
 
     from labutils.bench import report
     doc = report.make_doc(result, fingerprint=..., link_peak_gbps=478.1)
     print("\\n".join(report.table_lines(doc)))
 
-``result`` is what ``labutils.bench.sweep.sweep`` returns: ``meta``, ``latency`` and ``rows`` (one per
-collective, size and placement; ``time_us``, ``algbw_gbps``, ``busbw_gbps``, ``wrong``).
-Column layout and number formats are nccl-tests' (``src/common.cu``, ``Reporter``).
+``result`` is what ``labutils.bench.sweep.sweep`` returns: ``meta``, ``mode``, ``latency``,
+``graph_latency`` and ``rows`` (one per collective, size and placement; ``time_us``, ``algbw_gbps``,
+``busbw_gbps``, ``wrong``, ``bare_us``). Column layout and number formats are nccl-tests'
+(``src/common.cu``, ``Reporter``). Files are ``labutils.bench.files``; fits and the plot
+``labutils.bench.analysis``.
 """
 from __future__ import annotations
 
-import bisect
-import csv
 import datetime as _dt
-import json
-import math
 import statistics
-from pathlib import Path
 
 from .. import bandwidth
-from .config import FORMS, PLACEMENTS
+from .config import AUTO_ITERS, P2P_FORMS, PLACEMENTS
+
+BARE_GOAL = 1.15  # the benchmark's call may cost at most this much more than a bare loop of the torch call
 
 _HEAD = ("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
          % ("", "", "", "", ""))
@@ -30,9 +29,7 @@ _NAMES = ("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s"
 _UNITS = ("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
           % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
              "(GB/s)", "")).rstrip()
-CSV_COLUMNS = ("kind", "collective", "placement", "size_bytes", "count", "type", "redop", "root",
-               "time_us", "p10_us", "p90_us", "algbw_gbps", "busbw_gbps", "wrong", "iters", "repeat",
-               "world_size", "backend", "fingerprint")
+
 
 
 def format_time_us(us: float | None) -> str:
@@ -65,8 +62,8 @@ def header_lines(doc: dict) -> list[str]:
     """The header: tool, fingerprint, options, method, devices (nccl-tests prints the same facts)."""
     meta, cfg = doc["meta"], doc["meta"]["config"]
     gpu = meta["backend"] == "nccl"
-    iters = cfg["iters"] if cfg["iters"] is not None else \
-        "auto (20 per sample up to 64 MiB, then fewer as the size doubles, at least 5)"
+    graphs = cfg.get("cuda_graph") or 0
+    iters = cfg["iters"] if cfg["iters"] is not None else f"auto ({AUTO_ITERS})"
     lines = [f"# labutils bench: nccl-tests-style benchmark of torch.distributed collectives, "
              f"backend {meta['backend']}",
              f"# fingerprint: {doc.get('fingerprint', 'unknown')}",
@@ -74,11 +71,28 @@ def header_lines(doc: dict) -> list[str]:
              f"maxBytes {cfg['maxbytes']} step: {cfg['stepfactor']}(factor) | type {cfg['datatype']} "
              f"| redop {cfg['redop']} | root {cfg['root']}",
              f"# warmup iters: {cfg['warmup_iters']} at the largest and smallest size, 1 per point "
-             f"| iters: {iters} | repeat: {cfg['repeat']} | validation: {cfg['check']}",
-             "# time: median over `repeat` samples of the slowest rank's time per call, `iters` calls "
-             f"back to back {'between two CUDA events' if gpu else 'timed with perf_counter'}",
-             "# N/A: no such form in torch.distributed (all_reduce, broadcast, reduce work in place; "
-             "all_to_all, send_recv need two buffers)"]
+             f"| iters: {iters} | repeat: {cfg['repeat']} | validation: {cfg['check']}"
+             + (f" | cuda graph launches: {graphs}" if graphs else "")]
+    if graphs:
+        lines += [f"# mode: CUDA graph (-G {graphs}): each point's `iters` calls captured in one graph (after a "
+                  "warm-up on a side stream), replayed",
+                  f"#   {graphs} times back to back between two CUDA events; time per call = sample / "
+                  f"({graphs} x iters): the device's time per call, without the host's launch of each call",
+                  "#   (the 8-byte latency is printed both ways; validation replays a captured one-call graph)"]
+    else:
+        lines += ["# mode: eager: `iters` calls back to back "
+                  + ("between two CUDA events; each call pays the host's launch (Python, dispatcher, "
+                     "ProcessGroupNCCL, kernel launch)" if gpu else "timed with perf_counter")]
+    lines.append("# time: median over `repeat` samples of the slowest rank's time per call")
+    if not graphs and cfg.get("bare", False):
+        lines.append("# bench/bare: at each collective's smallest size a bare loop of the same torch call "
+                     "(nothing around it) is timed in turn with the benchmark's loop; the summary gives the "
+                     f"ratio (goal <= {BARE_GOAL})")
+    for coll in cfg["collectives"]:
+        if coll in P2P_FORMS:
+            lines.append(f"# {coll}: {P2P_FORMS[coll]}")
+    lines.append("# N/A: no such form in torch.distributed (all_reduce, broadcast, reduce work in place; "
+                 "all_to_all and send/recv need two buffers)")
     if not gpu:
         lines.append("# CPU/gloo run: these numbers measure gloo over loopback on CPU cores, "
                      "not GPU links. Labelled as such; never compare them with NVLink.")
@@ -110,10 +124,19 @@ def row_line(rows: list) -> str:
 
 
 def latency_line(row: dict) -> str:
-    """The 8-byte all_reduce latency line."""
-    return (f"# 8-byte latency: all_reduce of {row['size_bytes']} B ({row['count']} x {row['type']}, "
-            f"in place): {format_time_us(row['time_us'])} us median (p10 {format_time_us(row['p10_us'])}, "
-            f"p90 {format_time_us(row['p90_us'])}), #wrong {'N/A' if row['wrong'] is None else row['wrong']}")
+    """The 8-byte all_reduce latency line (eager, with the bare loop beside it, or from a CUDA graph)."""
+    graph = row.get("mode") == "graph"
+    text = (f"# 8-byte latency{' (CUDA graph)' if graph else ''}: all_reduce of {row['size_bytes']} B "
+            f"({row['count']} x {row['type']}, in place): {format_time_us(row['time_us'])} us median "
+            f"(p10 {format_time_us(row['p10_us'])}, p90 {format_time_us(row['p90_us'])}), "
+            f"#wrong {'N/A' if row['wrong'] is None else row['wrong']}")
+    if row.get("bare_us"):
+        text += (f" | bare loop {format_time_us(row['bare_us'])} us, bench/bare "
+                 f"{row['time_us'] / row['bare_us']:.2f}")
+    if row.get("sample_start_us") is not None:
+        text += (f" | per-sample start {row['sample_start_us']:.0f} us = "
+                 f"+{row['sample_start_us'] / row['iters']:.2f} us per call at {row['iters']} calls per sample")
+    return text
 
 
 def summarize(doc: dict) -> dict:
@@ -122,7 +145,7 @@ def summarize(doc: dict) -> dict:
     rows = doc["rows"]
     timed = [r for r in rows if r.get("busbw_gbps") is not None]
     lat = doc.get("latency")
-    checked = [r for r in rows + ([lat] if lat else []) if r.get("wrong") is not None]
+    checked = [r for r in rows + [x for x in (lat, doc.get("graph_latency")) if x] if r.get("wrong") is not None]
     at_max = {}
     for coll in dict.fromkeys(r["collective"] for r in timed):
         mine = [r for r in timed if r["collective"] == coll]
@@ -131,7 +154,11 @@ def summarize(doc: dict) -> dict:
         at_max[coll] = {k: best[k] for k in ("size_bytes", "placement", "busbw_gbps", "algbw_gbps", "time_us")}
     peak = max(timed, key=lambda r: r["busbw_gbps"]) if timed else None
     link = doc.get("link_peak_gbps")
+    graph_lat = doc.get("graph_latency")
     return {
+        "mode": doc.get("mode") or doc["meta"].get("mode", "eager"), "backend": doc["meta"]["backend"],
+        "bench_over_bare": bench_over_bare(doc),
+        "graph_latency_us": graph_lat["time_us"] if graph_lat else None,
         "points": len(timed),
         "avg_busbw_gbps": statistics.fmean(r["busbw_gbps"] for r in timed) if timed else None,
         "peak": {k: peak[k] for k in ("collective", "size_bytes", "placement", "busbw_gbps")} if peak else None,
@@ -142,6 +169,14 @@ def summarize(doc: dict) -> dict:
         "peak_fraction_of_link": peak["busbw_gbps"] / link if (peak and link) else None,
         "sweep_s": doc.get("elapsed_s"), "wall_s": doc.get("wall_s"),
     }
+
+
+def bench_over_bare(doc: dict) -> dict:
+    """``{collective: benchmark's time / bare loop's time}`` where a bare loop was timed beside
+    (the 8-byte latency as ``"latency"``); empty for a recording made before bare loops existed."""
+    rows = ([dict(doc["latency"], collective="latency")] if doc.get("latency") else []) + doc["rows"]
+    return {r["collective"]: r["time_us"] / r["bare_us"] for r in rows
+            if r.get("bare_us") and r.get("time_us")}
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -163,7 +198,17 @@ def summary_lines(summary: dict) -> list[str]:
             for c, v in s["busbw_at_max"].items()) + " (GB/s)")
     if s["latency_us"] is not None:
         lines.append(f"# 8-byte latency       : {format_time_us(s['latency_us'])} us (all_reduce, in place, "
-                     "slowest rank)")
+                     "slowest rank, eager)")
+    if s.get("graph_latency_us") is not None:
+        lines.append(f"# 8-byte latency       : {format_time_us(s['graph_latency_us'])} us (the same, replayed "
+                     "from a CUDA graph: eager - graph = the host's launch of a call)")
+    ratios = s.get("bench_over_bare") or {}
+    if ratios:
+        worst = max(ratios.values())
+        goal = (f"goal <= {BARE_GOAL}: {'met' if worst <= BARE_GOAL else 'NOT met'}"
+                if s.get("backend") == "nccl" else "on CPU cores shared by the ranks, noise dominates")
+        lines.append("# bench / bare loop    : " + " | ".join(f"{c} {v:.2f}" for c, v in ratios.items())
+                     + f" (per-call time over a bare loop of the same torch call; max {worst:.2f}, {goal})")
     if s.get("sweep_s") is not None:
         wall = f", {s['wall_s']:.1f} s wall time with start-up" if s.get("wall_s") else ""
         lines.append(f"# Duration             : {s['sweep_s']:.1f} s sweep{wall}")
@@ -175,6 +220,8 @@ def table_lines(doc: dict) -> list[str]:
     lines = header_lines(doc)
     if doc.get("latency"):
         lines += ["#", latency_line(doc["latency"])]
+    if doc.get("graph_latency"):
+        lines.append(latency_line(doc["graph_latency"]))
     current = None
     for coll, _, rows in points(doc["rows"]):
         if coll != current:
@@ -197,99 +244,12 @@ def link_note(doc: dict) -> str:
         lines.append(f"| {coll} ({v['placement']}) | {bandwidth.format_size(v['size_bytes'])} | "
                      f"{v['busbw_gbps']:.1f} | {v['algbw_gbps']:.1f} | {format_time_us(v['time_us'])} | {frac} |")
     if s["latency_us"] is not None:
-        lines += ["", f"8-byte all_reduce latency: {format_time_us(s['latency_us'])} us."]
+        graph = (f"; replayed from a CUDA graph: {format_time_us(s['graph_latency_us'])} us"
+                 if s.get("graph_latency_us") is not None else "")
+        lines += ["", f"8-byte all_reduce latency: {format_time_us(s['latency_us'])} us eager{graph}."]
     if s["peak"] and link:
         p = s["peak"]
         lines += ["", f"Peak busbw {p['busbw_gbps']:.1f} GB/s ({p['collective']}, "
                   f"{bandwidth.format_size(p['size_bytes'])}) = {s['peak_fraction_of_link']:.0%} of the "
                   f"{link} GB/s per direction that `nvidia-smi nvlink -s` reports for one GPU."]
     return "\n".join(lines)
-
-
-def write_json(path, doc: dict) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
-
-
-def load_json(path) -> dict:
-    """Read a document written by ``write_json`` (the summary is recomputed if absent)."""
-    doc = json.loads(Path(path).read_text())
-    if not {"meta", "rows"} <= doc.keys():
-        raise ValueError(f"{path} is not a labutils bench result (no 'meta'/'rows'). "
-                         "HINT: pass a file written by `python -m labutils bench --json`.")
-    doc.setdefault("summary", summarize(doc))
-    return doc
-
-
-def csv_rows(doc: dict) -> list[dict]:
-    """Tidy rows (one per measurement, the latency line first) with the fingerprint in each."""
-    extra = {"world_size": doc["meta"]["world_size"], "backend": doc["meta"]["backend"],
-             "fingerprint": doc.get("fingerprint", "")}
-    out = [{"kind": "latency", **doc["latency"], **extra}] if doc.get("latency") else []
-    out += [{"kind": "sweep", **r, **extra} for r in doc["rows"]]
-    return [{k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS} for row in out]
-
-
-def write_csv(path, doc: dict) -> Path:
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        w.writerows(csv_rows(doc))
-    return path
-
-
-def primary_rows(doc: dict, collective: str) -> list[dict]:
-    """Timed rows of ``collective`` in its first form (out of place where torch has it), by size."""
-    form = FORMS[collective][0]
-    rows = [r for r in doc["rows"] if r["collective"] == collective and r["placement"] == form
-            and (r.get("time_us") or 0) > 0]
-    return sorted(rows, key=lambda r: r["size_bytes"])
-
-
-def busbw_figure(doc: dict, title: str | None = None, prediction=None):
-    """busbw vs size, one line per collective, with the link peak dotted (``plots.bandwidth_plot``);
-    ``prediction=(size_bytes, gbps)`` adds the learner's star."""
-    from ..plots import bandwidth_plot
-    colls = list(dict.fromkeys(r["collective"] for r in doc["rows"]))
-    sizes = sorted({r["size_bytes"] for c in colls for r in primary_rows(doc, c)})
-    series = {}
-    for c in colls:
-        by = {r["size_bytes"]: r["busbw_gbps"] for r in primary_rows(doc, c)}
-        if by:
-            series[f"{c} ({FORMS[c][0]})"] = [by.get(s, math.nan) for s in sizes]
-    hw = (doc.get("fingerprint") or "").split(" | ")[0]
-    return bandwidth_plot(sizes, series, peak_gbps=doc.get("link_peak_gbps"),
-                          peak_label="link peak (nvidia-smi nvlink -s)", ylabel="busbw (GB/s)",
-                          prediction=prediction,
-                          title=title or f"busbw vs size — {hw}, backend {doc['meta']['backend']}")
-
-
-def fits(doc: dict) -> dict:
-    """``{collective: bandwidth.AlphaBeta}`` fitted to each collective's primary rows (t = a + S/b,
-    S as in the table). Collectives whose times do not grow with size are left out."""
-    out = {}
-    for coll in dict.fromkeys(r["collective"] for r in doc["rows"]):
-        rows = primary_rows(doc, coll)
-        try:
-            out[coll] = bandwidth.fit_alpha_beta([r["size_bytes"] for r in rows],
-                                                 [r["time_us"] * 1e-3 for r in rows])
-        except ValueError:
-            continue
-    return out
-
-
-def time_us_at(doc: dict, collective: str, size_bytes: float) -> float | None:
-    """Measured time (us) of ``collective`` at ``size_bytes``: the sweep's point, or log-log
-    interpolation between its two neighbours; None outside the measured range."""
-    rows = primary_rows(doc, collective)
-    xs = [math.log(r["size_bytes"]) for r in rows]
-    if not rows or size_bytes <= 0 or not xs[0] <= math.log(size_bytes) <= xs[-1]:
-        return None
-    x = math.log(size_bytes)
-    i = bisect.bisect_left(xs, x)
-    if xs[i] == x:
-        return rows[i]["time_us"]
-    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return math.exp((1 - w) * math.log(rows[i - 1]["time_us"]) + w * math.log(rows[i]["time_us"]))

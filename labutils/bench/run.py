@@ -20,7 +20,7 @@ import threading
 import time
 
 from .. import bandwidth
-from . import report
+from . import analysis, files, graph, report
 from .config import BenchConfig, planned_points
 from .sweep import sweep
 
@@ -29,11 +29,14 @@ def config_from_args(args, backend: str, world_size: int) -> BenchConfig:
     """The sweep's configuration from parsed arguments. Raises ValueError (with a HINT)."""
     if args.root >= world_size:
         raise ValueError(f"--root {args.root} is not a rank of {world_size}. HINT: 0 .. {world_size - 1}.")
+    if args.cuda_graph:
+        graph.require_graphs(backend)
     maxbytes = args.maxbytes or (128 * 2**20 if backend == "nccl" else 4 * 2**20)
     return BenchConfig(
         minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor, datatype=args.datatype,
         redop=args.op, root=args.root, iters=args.iters, warmup_iters=args.warmup_iters,
-        repeat=args.repeat, check=args.check, collectives=tuple(args.collectives))
+        repeat=args.repeat, check=args.check, collectives=tuple(args.collectives),
+        cuda_graph=args.cuda_graph, bare=not args.no_bare)
 
 
 class Printer:
@@ -54,8 +57,9 @@ class Printer:
         if kind == "start":
             self._out(report.header_lines({"meta": event["meta"], "fingerprint": self.fingerprint}))
         elif kind == "latency":
-            self._out(["#", report.latency_line(event["row"])])
-            self.bar.update(1)
+            graph = event["row"].get("mode") == "graph"
+            self._out(([] if graph else ["#"]) + [report.latency_line(event["row"])])
+            self.bar.update(0 if graph else 1)
         elif kind == "rows":
             coll = event["rows"][0]["collective"]
             if coll != self.current:
@@ -99,11 +103,11 @@ def finish(doc: dict, args, printer: Printer | None) -> int:
     if args.note:
         print("\n" + report.link_note(doc))
     if args.json:
-        report.write_json(args.json, doc)
+        files.write_json(args.json, doc)
     if args.csv:
-        report.write_csv(args.csv, doc)
+        files.write_csv(args.csv, doc)
     if args.plot:
-        report.busbw_figure(doc).savefig(args.plot, dpi=120, bbox_inches="tight")
+        analysis.busbw_figure(doc).savefig(args.plot, dpi=120, bbox_inches="tight")
     wrong = doc["summary"]["wrong_total"]
     if wrong:
         print(f"labutils bench: {wrong} wrong elements: a collective returned wrong data. HINT: see the "

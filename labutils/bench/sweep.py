@@ -10,11 +10,15 @@
 Method (nccl-tests, ``src/common.cu``): per collective, buffers for the largest size are allocated
 once and every size uses views of them; ``-w`` warm-up calls at the largest and the smallest size;
 then per size and placement one untimed call and ``repeat`` samples of ``iters`` back-to-back calls
-(``timing.benchmark_collective``: CUDA events, slowest rank, median). After timing, the inputs are
-filled again with rank- and position-dependent values, the op runs once more and every element
-of the result is compared with the value it must have (``ops.verify_case``): ``#wrong`` is the
-number of wrong elements, summed over ranks. Sizes, counts and bandwidths follow
-``labutils.bandwidth`` (nccl-tests' ``size``).
+(``timing.benchmark_loops``: CUDA events, slowest rank, median). At each collective's smallest size
+(and for the 8-byte latency) a bare loop of the same torch call is timed in turn with the
+benchmark's own loop, so the table can say what the benchmark adds to the call. With
+``cuda_graph=N`` (nccl-tests' ``-G``) each point's ``iters`` calls are captured in one CUDA graph and
+replayed N times per sample instead (``labutils.bench.graph``); the 8-byte latency is then measured
+both ways. After timing, the inputs are filled again with rank- and position-dependent values, the
+op runs once more (replayed from a graph in graph mode) and every element of the result is compared
+with the value it must have (``ops.verify_case``): ``#wrong`` is the number of wrong elements, summed
+over ranks. Sizes, counts and bandwidths follow ``labutils.bandwidth`` (nccl-tests' ``size``).
 """
 from __future__ import annotations
 
@@ -24,31 +28,63 @@ import time
 
 from .. import bandwidth, timing
 from ..config import rank_device
+from . import graph
 from .config import DTYPES, FORMS, REDUCING, ROOTED, BenchConfig, bytes_per_rank, layout
-from .ops import Buffers, verify_case
+from .ops import Buffers, Case, bare_loop, verify_case
+
+
+def bench_loop(case: Case):
+    """The benchmark's own timed loop: ``case.run()`` k times (what the table's time is)."""
+    run = case.run
+
+    def loop(k: int) -> None:
+        for _ in range(k):
+            run()
+    return loop
 
 
 def _measure(bufs: Buffers, lay: dict, placement: str, cfg: BenchConfig, rank: int, n: int,
-             type_name: str) -> dict:
+             type_name: str, *, mode: str, bare: bool = False) -> dict:
+    """One row: time (eager, with a bare loop beside it if ``bare``, or replayed from a CUDA graph),
+    bandwidths, and the check."""
     coll = bufs.collective
     case = bufs.case(lay, placement, rank, n, cfg.redop, cfg.root)
     row = {"collective": coll, "placement": placement, "size_bytes": lay["size_bytes"],
            "count": lay["count"], "type": type_name,
            "redop": cfg.redop if coll in REDUCING else "none", "root": cfg.root if coll in ROOTED else -1,
            "time_us": None, "p10_us": None, "p90_us": None, "algbw_gbps": None, "busbw_gbps": None,
-           "wrong": None, "iters": None, "repeat": None}
+           "wrong": None, "iters": None, "repeat": None, "mode": mode, "bare_us": None}
     if cfg.timed:
         case.fill(seed=0)
         iters = cfg.iters_for(lay["size_bytes"])
-        t = timing.benchmark_collective(case.run, warmup=1, iters=iters, repeat=cfg.repeat)
+        if mode == "graph":
+            t = graph.measure(case, iters, cfg.cuda_graph, cfg.repeat)
+            row["replays"] = cfg.cuda_graph
+        else:
+            loops = {"bench": bench_loop(case)}
+            if bare:
+                loops["bare"] = bare_loop(case)
+            ts = timing.benchmark_loops(loops, warmup=1, iters=iters, repeat=cfg.repeat)
+            t = ts["bench"]
+            if bare:
+                row["bare_us"] = ts["bare"].median_us
         row.update(time_us=t.median_us, p10_us=t.p10_ms * 1e3, p90_us=t.p90_ms * 1e3,
                    iters=iters, repeat=cfg.repeat)
         if t.median_ms > 0:
             row["algbw_gbps"] = bandwidth.algbw_gbps(lay["size_bytes"], t.median_ms)
             row["busbw_gbps"] = bandwidth.busbw_gbps(coll, lay["size_bytes"], t.median_ms, n)
     if cfg.check:
-        row["wrong"] = verify_case(case, cfg.check)
+        row["wrong"] = graph.verify(case, cfg.check) if mode == "graph" else verify_case(case, cfg.check)
     return row
+
+
+def _sample_start_us(case: Case, iters: int, repeat: int) -> float:
+    """What one sample adds once, whatever its length: t(1 call) - t(iters calls) per call, scaled
+    (t(k) = per_call + fixed / k). Mostly the first call after the barrier waiting for the other ranks."""
+    loop = bare_loop(case)
+    one = timing.benchmark_loops({"one": loop}, warmup=1, iters=1, repeat=repeat)["one"].median_us
+    many = timing.benchmark_loops({"many": loop}, warmup=1, iters=iters, repeat=repeat)["many"].median_us
+    return max(0.0, (one - many) * iters / (iters - 1)) if iters > 1 else 0.0
 
 
 def _check_memory(cfg: BenchConfig, rank: int, n: int, device) -> None:
@@ -91,11 +127,14 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
         emit: rank 0 calls ``emit(event)`` with the same events (torchrun: print as we go).
 
     Returns:
-        ``{"meta", "latency", "rows", "elapsed_s"}`` (the same on every rank): one row per
-        (collective, size, placement), times in us, bandwidths in GB/s, ``wrong`` elements.
+        ``{"meta", "mode", "latency", "graph_latency", "rows", "elapsed_s"}`` (the same on every rank):
+        one row per (collective, size, placement), times in us, bandwidths in GB/s, ``wrong``
+        elements; ``bare_us`` where a bare loop was timed beside; ``latency`` is the eager 8-byte
+        all_reduce, ``graph_latency`` the same replayed from a CUDA graph (graph mode only).
 
     Raises:
         MemoryError: the largest size does not fit (raised on every rank before allocating).
+        ValueError: a root that is not a rank, or ``cuda_graph`` on a backend without CUDA graphs.
     """
     import torch
     import torch.distributed as dist
@@ -105,6 +144,9 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
     dtype = getattr(torch, DTYPES[cfg.datatype][0])
     if cfg.root >= world_size:
         raise ValueError(f"root {cfg.root} is not a rank of {world_size}. HINT: -r 0 .. {world_size - 1}.")
+    if cfg.cuda_graph:
+        graph.require_graphs(backend)
+    mode = "graph" if cfg.cuda_graph else "eager"
     send = _emitter(rank, progress_path, emit)
     me = {"rank": rank, "host": socket.gethostname(), "device": str(device),
           "name": torch.cuda.get_device_name(device) if device.type == "cuda" else ""}
@@ -112,7 +154,7 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
     dist.all_gather_object(devices, me)
     _check_memory(cfg, rank, world_size, device)
     meta = {"world_size": world_size, "backend": backend, "config": cfg.to_dict(), "devices": devices,
-            "nodes": len({d["host"] for d in devices}), "torch_version": torch.__version__}
+            "nodes": len({d["host"] for d in devices}), "torch_version": torch.__version__, "mode": mode}
     send({"event": "start", "meta": meta})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -123,14 +165,21 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
             case.run()
         sync()
 
-    latency = None
+    latency = graph_latency = None
     if cfg.latency and cfg.timed:
         lay = layout("all_reduce", 8, cfg.itemsize, world_size)
         if lay["count"] > 0:
             bufs = Buffers("all_reduce", lay, dtype, device)
             warm(bufs, lay, "in-place")
-            latency = _measure(bufs, lay, "in-place", cfg, rank, world_size, cfg.datatype)
+            latency = _measure(bufs, lay, "in-place", cfg, rank, world_size, cfg.datatype, mode="eager",
+                               bare=cfg.bare)
+            if cfg.bare:
+                case = bufs.case(lay, "in-place", rank, world_size, cfg.redop, cfg.root)
+                latency["sample_start_us"] = _sample_start_us(case, latency["iters"], cfg.repeat)
             send({"event": "latency", "row": latency})
+            if mode == "graph":
+                graph_latency = _measure(bufs, lay, "in-place", cfg, rank, world_size, cfg.datatype, mode=mode)
+                send({"event": "latency", "row": graph_latency})
     rows = []
     for coll in cfg.collectives:
         lays = [layout(coll, s, cfg.itemsize, world_size) for s in cfg.sizes()]
@@ -141,11 +190,13 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
         for lay in (lays[-1], lays[0]):  # nccl-tests: warm up at the largest, then the smallest size
             warm(bufs, lay, FORMS[coll][0])
         for lay in lays:
-            pair = [_measure(bufs, lay, p, cfg, rank, world_size, cfg.datatype) for p in FORMS[coll]]
+            bare = cfg.bare and mode == "eager" and lay is lays[0]
+            pair = [_measure(bufs, lay, p, cfg, rank, world_size, cfg.datatype, mode=mode,
+                             bare=bare and p == FORMS[coll][0]) for p in FORMS[coll]]
             rows += pair
             send({"event": "rows", "rows": pair})
         del bufs
-    result = {"meta": meta, "latency": latency, "rows": rows,
+    result = {"meta": meta, "mode": mode, "latency": latency, "graph_latency": graph_latency, "rows": rows,
               "elapsed_s": round(time.perf_counter() - t0, 3)}
     send({"event": "done", "elapsed_s": result["elapsed_s"]})
     return result

@@ -1,15 +1,22 @@
 """``python -m labutils bench``: benchmark torch.distributed collectives the nccl-tests way.
 
-    python -m labutils bench                                  # 7 collectives, 8 B .. 128 MiB, every GPU
+    python -m labutils bench                                  # 8 collectives, 8 B .. 128 MiB, every GPU
     python -m labutils bench -b 1K -e 1G -f 2 --json r.json --csv r.csv --plot r.png
+    python -m labutils bench -b 8 -e 1M -G 20                 # CUDA graphs: device time without host launch
     python -m labutils bench --backend gloo -e 4M             # CPU only: gloo ranks (labelled)
     torchrun --nproc-per-node 8 -m labutils bench -b 8 -e 1G  # under torchrun (env://), one or more nodes
     python -m labutils bench --from-json r.json --note        # re-print a recorded run (+ README note)
 
+Eager mode (default) times back-to-back torch calls, each paying the host's launch, and times a bare
+loop of the same torch call beside the benchmark's at each collective's smallest size (the summary
+gives the ratio). ``-G N`` (nccl-tests' ``--cudagraph``) captures each point's calls in one CUDA graph
+and replays it N times: what remains is the device's time per call (NCCL only).
+
 Standalone, it starts its ranks with ``labutils.launch`` (one per GPU, or 2 gloo ranks without
 GPUs) and shows progress while they run; under torchrun every process joins the env:// rendezvous
 itself and rank 0 prints. This module holds the options; the engine is ``labutils.bench``
-(``run``: the driver, ``sweep``: the rank side, ``report``: the table and files). Exit status: 0,
+(``run``: the driver, ``sweep``: the rank side, ``graph``: CUDA graphs, ``report``: the table,
+``files``: JSON/CSV). Exit status: 0,
 1 if any result was wrong or a rank failed, 2 for bad arguments.
 """
 from __future__ import annotations
@@ -23,7 +30,7 @@ import time
 from pathlib import Path
 
 from .. import bandwidth
-from ..bench import report, run as driver
+from ..bench import files, run as driver
 from ..bench.config import DTYPES, REDOPS, canonical_dtype
 from ..config import under_torchrun
 
@@ -93,9 +100,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-r", "--root", type=_int_at_least(0), default=0, help="root of broadcast/reduce (default 0)")
     g.add_argument("-c", "--check", type=_int_at_least(0), default=1,
                    help="correctness checks per point, 0 = off (default 1)")
+    g.add_argument("-G", "--cuda-graph", type=_int_at_least(0), default=0, metavar="N",
+                   help="capture each point's iters calls in one CUDA graph and replay it N times per sample "
+                        "(nccl-tests' -G; NCCL only; default 0 = eager calls)")
     g.add_argument("--repeat", type=_int_at_least(1), default=5, help="samples per point; the median is shown")
+    g.add_argument("--no-bare", action="store_true",
+                   help="do not time a bare loop of the same torch call beside the benchmark's (eager mode)")
     g.add_argument("--collectives", type=_typed(_collectives), default=bandwidth.OPS,
-                   help=f"comma-separated, or 'all' (default): {','.join(bandwidth.OPS)}")
+                   help=f"comma-separated, or 'all' (default): {','.join(bandwidth.OPS)} "
+                        "(send_recv: both directions at once, nccl-tests' ring; send_one_way: one direction)")
     g = p.add_argument_group("ranks")
     g.add_argument("--world-size", type=_int_at_least(2), default=None,
                    help="ranks (default: number of GPUs, or 2 gloo ranks without GPUs); not under torchrun")
@@ -126,7 +139,7 @@ def run(args) -> int:
         "python -m labutils bench"
     if args.from_json:
         try:
-            doc = report.load_json(args.from_json)
+            doc = files.load_json(args.from_json)
         except (OSError, ValueError) as exc:
             parser.error(f"--from-json: {exc}")
         return driver.finish(doc, args, None)

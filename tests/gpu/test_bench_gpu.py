@@ -1,5 +1,6 @@
 """``labutils bench`` on real GPUs (NCCL): every collective and placement correct at small and large
-sizes, other datatypes, the buggy all_reduce caught, the CLI end to end. No timing asserts.
+sizes, other datatypes, the buggy all_reduce caught, the CUDA-graph mode (capture, replay, results
+checked after replay), the bare loops beside the eager ones, the CLI end to end. No timing asserts.
 Skipped unless the machine has >= 2 GPUs.
 
 Run: pytest tests/gpu/test_bench_gpu.py -q     (>= 2 GPUs; about 1 min, mostly NCCL start-up)
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 import labutils
 from labutils import bandwidth
-from labutils.bench import ops, sweep
+from labutils.bench import graph, ops, sweep
 from labutils.bench.config import BenchConfig
 
 from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
@@ -72,6 +73,49 @@ def test_timed_sweep_rows_are_consistent():
                                                                      r["time_us"] * 1e-3, n))
 
 
+def _graph_mode(rank, world_size):
+    import torch
+    out = {}
+    # every collective, small sizes and one large, results checked after replaying a captured graph
+    cfg = BenchConfig(minbytes=8, maxbytes=4 * 2**20, stepfactor=64, repeat=2, cuda_graph=3)
+    out["sweep"] = sweep.sweep(rank, world_size, cfg)
+    # a captured all_reduce replayed 5 times in place: 5 sums, not one (the graph re-runs the kernels)
+    x = torch.ones(4, device="cuda")
+    g = graph.capture(lambda k: [dist.all_reduce(x) for _ in range(k)], 1)
+    x.fill_(1.0)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    out["replayed"] = x.tolist()
+    return out
+
+
+@needs_gpus(2)
+def test_graph_mode_is_correct_on_nccl():
+    out = labutils.launch(_graph_mode, backend="nccl", timeout=300)[0]
+    res, n = out["sweep"], out["sweep"]["meta"]["world_size"]
+    assert res["mode"] == "graph" and res["meta"]["config"]["cuda_graph"] == 3
+    assert {r["collective"] for r in res["rows"]} == set(bandwidth.OPS)
+    bad = [(r["collective"], r["placement"], r["size_bytes"], r["wrong"]) for r in res["rows"] if r["wrong"] != 0]
+    assert not bad, bad
+    assert all(r["mode"] == "graph" and r["time_us"] > 0 and r["bare_us"] is None for r in res["rows"])
+    assert res["latency"]["mode"] == "eager" and res["latency"]["bare_us"] > 0
+    assert res["graph_latency"]["mode"] == "graph" and res["graph_latency"]["wrong"] == 0
+    assert out["replayed"] == [float(n ** 5)] * 4
+
+
+@needs_gpus(2)
+def test_cli_graph_mode_on_gpus(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "labutils", "bench", "-b", "8", "-e", "64K", "-f", "64",
+                          "--collectives", "all_reduce,send_recv,send_one_way", "-G", "5",
+                          "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "# mode: CUDA graph (-G 5)" in out.stdout and "# 8-byte latency (CUDA graph):" in out.stdout
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["summary"]["wrong_total"] == 0 and doc["summary"]["graph_latency_us"] > 0
+
+
 @needs_gpus(2)
 def test_cli_on_gpus(tmp_path):
     out = subprocess.run([sys.executable, "-m", "labutils", "bench", "-b", "1K", "-e", "4M", "-f", "16",
@@ -81,4 +125,4 @@ def test_cli_on_gpus(tmp_path):
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["meta"]["backend"] == "nccl" and "NVIDIA" in doc["fingerprint"]
     assert doc["summary"]["wrong_total"] == 0 and doc["summary"]["latency_us"] > 0
-    assert "# Peak bus bandwidth" in out.stdout
+    assert "# Peak bus bandwidth" in out.stdout and "# bench / bare loop    : latency" in out.stdout
