@@ -1,30 +1,54 @@
-"""Lab 03 on the CPU: the source's program and its fixes, the rings against torch's collectives at
-world sizes 2, 3 and 4, the deadlock machinery (step log, timeout, verdict, no process left),
-wait() on gloo, the overlap measurement code path, the pure overlap arithmetic, and the checkers.
-Real gloo ranks, no mocks of torch.distributed.
+"""Lab 03 on the CPU: the notebook's own fixed exchanges (taken from its source) and the reference rings
+against torch's collectives at world sizes 2 and 3; the source's program and its defects; the standalone
+reproducer's harness (start, wait, classify, nothing left behind) on tiny scripts, and the notebook's
+reproducer script itself; wait() on gloo; the overlap and ring measurement code paths; the verdicts'
+thresholds; and the checkers. Real gloo ranks, no mocks of torch.distributed.
 
-Run: pytest tests/test_p2p.py -q     (about a minute on 2 cores, mostly rank start-up)
+Run: pytest tests/test_p2p.py -q     (about a minute on 2 cores, mostly rank start-up and two deliberate hangs)
 """
 from __future__ import annotations
 
+import ast
 import math
 import sys
+import textwrap
 import time
 
 import cloudpickle
+import jupytext
 import pytest
 import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import compat, procs
-from labutils.config import rank_device
-from labutils.labs.lab03_async_p2p import exchange, hang, measure, overlap, wait
-from labutils.solutions import lab03 as solution
+from labutils import compat
 from labutils.checks import ExerciseError
 from labutils.checks import lab03 as check
+from labutils.config import rank_device
+from labutils.labs.lab03_async_p2p import claims as lab_claims
+from labutils.labs.lab03_async_p2p import exchange, measure, overlap, repro, wait
+from labutils.solutions import lab03 as solution
+
+from notebook_defs import ROOT, cell_magic_body, load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
+
+STEM = "03_async_p2p"
+nb = load_definitions(STEM)
+FIXES = {"ordered send/recv": nb.gather_ordered, "batch_isend_irecv (P2POp)": nb.gather_batched,
+         "all_gather_into_tensor": nb.gather_collective}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def gloo3():
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
+        yield p
 
 
 # ---- pure helpers -------------------------------------------------------------------------------
@@ -63,81 +87,166 @@ def test_describe_efficiency_thresholds():
         "no overlap", "slower than back to back"]
 
 
-def test_diagnose_source_names_blocks_by_checksum():
+def test_source_findings_name_blocks_by_checksum():
     summaries = [{"shape": [1500, 1000], "tensor_sum": 1.5, "result_sum": 10.0, "block_sums": [10.0, None, 20.0]},
                  {"shape": [1500, 1000], "tensor_sum": 2.5, "result_sum": 20.0, "block_sums": [20.0, 10.0, 0.0]}]
-    lines = exchange.diagnose_source(summaries)
-    assert lines[0] == "final_result shape: (1500, 1000) on every rank (the gathered tensor is (1000, 1000))"
-    assert lines[1] == ("rank 0 concatenates: result = chunk 0, received_results[0] = never written, "
-                        "received_results[1] = chunk 1")
-    assert lines[2].endswith("received_results[0] = chunk 0, received_results[1] = never written")
-    assert lines[-1] == "all ranks drew the same torch.randn(1000, 1000): False"
+    assert exchange.diagnose_source(summaries) == [
+        "final_result shape: (1500, 1000) on every rank (the gathered tensor is (1000, 1000))",
+        "all ranks drew the same torch.randn(1000, 1000): False"]
+    blocks = exchange.source_blocks(summaries)
+    assert blocks.loc["rank 0"].tolist() == ["chunk 0", "never written", "chunk 1"]
+    assert blocks.loc["rank 1"].tolist() == ["chunk 1", "chunk 0", "never written"]
 
 
-def test_report_fixes_is_false_if_any_rank_differs():
+def test_fixes_table_is_false_if_any_rank_differs():
     ok = {"shape": [1000, 1000], "equal": True}
-    lines = exchange.report_fixes([{"a": ok}, {"a": {**ok, "equal": False}}])
-    assert lines == ["a                           shape (1000, 1000), equals tensor * 2 on every rank: False"]
+    table = exchange.fixes_table([{"a": ok, "b": ok}, {"a": {**ok, "equal": False}, "b": ok}])
+    assert table["equals tensor * 2 on every rank"].to_dict() == {"a": False, "b": True}
+    assert table.loc["a", "shape"] == "(1000, 1000)"
 
 
-def test_step_log_round_trip(tmp_path):
-    log = hang.StepLog(str(tmp_path), 3)
-    log.mark("start", "gloo\ton cpu\nsecond line")
-    log.mark("isend")
-    steps = hang.read_steps(str(tmp_path))
-    assert list(steps) == [3]
-    assert [(s["step"], s["detail"]) for s in steps[3]] == [("start", "gloo on cpu second line"), ("isend", "")]
+# ---- the reproducer's harness, on tiny scripts (no torch: they start in milliseconds) -----------
+TOY = textwrap.dedent('''
+    import os, sys, time
+    rank, what = int(os.environ["RANK"]), sys.argv[1]
+    print(f"rank {rank}: started on port {os.environ['MASTER_PORT']} of {os.environ['WORLD_SIZE']}", flush=True)
+    if what == "ok":
+        print(f"rank {rank}: COMPLETED", flush=True)
+    elif what == "hang":
+        print(f"rank {rank}: HANG: not finished", flush=True)
+        os._exit(3)
+    elif what == "blocked":
+        time.sleep(600)
+    elif what == "crash" and rank == 1:
+        print("CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+        os.abort()
+    elif what == "crash":
+        time.sleep(600)
+    elif what == "env":
+        print(f"rank {rank}: COMPLETED {os.environ.get('MARK')}", flush=True)
+''')
 
 
-def _outcome(status, steps, **kw):
-    return {"init": "eager", "status": status, "elapsed_s": 15.4, "timeout_s": 15, "poll_s": 1.0, "world_size": 2,
-            "message": kw.pop("message", ""),
-            "steps": {str(r): [{"t_s": 0.0, "step": s, "detail": d} for s, d in seq] for r, seq in steps.items()}}
+def test_harness_runs_variants_at_once_classifies_them_and_leaves_nothing(tmp_path):
+    script = tmp_path / "toy.py"
+    script.write_text(TOY)
+    t0 = time.monotonic()
+    runs = repro.start(script, {"ok": ("ok", {}), "hang": ("hang", {}), "blocked": ("blocked", {}),
+                                "crash": ("crash", {}), "env": ("env", {"MARK": "x"})}, timeout_s=4)
+    result = runs.wait()
+    assert time.monotonic() - t0 < 4 + 5
+    v = result["variants"]
+    assert {name: r["status"] for name, r in v.items()} == {
+        "ok": "COMPLETED", "hang": "HANG", "blocked": "HANG", "crash": "CRASH", "env": "COMPLETED"}
+    assert v["hang"]["evidence"] == "rank 0: HANG: not finished"
+    assert v["blocked"]["evidence"].startswith("rank 0: still running at the 4 s timeout (host blocked) after: started")
+    assert v["crash"]["evidence"].startswith("rank 1 (killed by SIGABRT): CUDA error: an illegal memory access")
+    assert [r["outcome"] for r in v["crash"]["ranks"]] == ["HANG", "CRASH"]  # the crash comes first
+    assert v["env"]["ranks"][1]["steps"][-1] == "COMPLETED x" and v["env"]["env"] == {"MARK": "x"}
+    ports = {r["steps"][0].split()[3] for name in ("ok", "hang") for r in v[name]["ranks"]}
+    assert len(ports) == 2  # one rendezvous port per variant
+    assert runs.wait() is result
+    assert repro.leftover_processes(script) == []
+    table = repro.table(result)
+    assert table.loc["crash", "outcome"] == "CRASH" and table.loc["ok", "rank 0's steps"].endswith("COMPLETED")
 
 
-GPU_HANG = [("start", ""), ("isend", ""), ("irecv", ""), ("wait", ""), ("p2p_done", "0/2"),
-            ("all_reduce", ""), ("all_reduce_done", "False")]
+def test_harness_rejects_bad_arguments(tmp_path):
+    script = tmp_path / "toy.py"
+    script.write_text(TOY)
+    with pytest.raises(ValueError, match="no variants"):
+        repro.start(script, {})
+    with pytest.raises(ValueError, match="world_size must be an int >= 2"):
+        repro.start(script, {"ok": ("ok", {})}, world_size=1)
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        repro.start(script, {"ok": ("ok", {})}, timeout_s=0)
+    with pytest.raises(FileNotFoundError, match="run the cell that writes it first"):
+        repro.start(tmp_path / "missing.py", {"ok": ("ok", {})})
 
 
-def test_hang_verdict_gpu_hang():
-    text = hang.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG, 1: GPU_HANG}))
-    assert text == ("eager init: HANG -- isend, irecv and wait() returned on every rank's host, but after "
-                    "1 s the GPU had completed 0/2 requests; an all_reduce issued afterwards completed: "
-                    "False; torch.cuda.synchronize() (what print(final_result) needs) never returned; "
-                    "labutils killed every rank at the 15 s timeout (RankTimeout) (15 s in all).")
-    assert hang.describe_steps(_outcome("RankTimeout", {0: GPU_HANG}))[0].endswith("all_reduce complete: False -> (stopped here)")
+def test_classify_prefers_a_crash_and_keeps_nccls_warning():
+    nccl = "host:1:1 [0] transport.cc:235 NCCL WARN Cuda failure 'an illegal memory access was encountered'"
+    out = repro.classify([{"rc": -6, "killed": False, "stdout": "rank 0: isend returned\n", "stderr": nccl},
+                          {"rc": 3, "killed": False, "stdout": "rank 1: HANG: the exchange\n", "stderr": ""}], 9)
+    assert out["status"] == "CRASH" and "illegal memory access" in out["evidence"]
+    assert out["nccl_warning"].startswith("NCCL WARN Cuda failure")
+    assert out["ranks"][0]["steps"] == ["isend returned"]
+    exited = repro.classify([{"rc": 1, "killed": False, "stdout": "", "stderr": "Traceback\nValueError: bad\n"}], 9)
+    assert exited["evidence"] == "rank 0 (exit code 1): ValueError: bad"
+    assert repro.classify([{"rc": 0, "killed": False, "stdout": "rank 0: done\n", "stderr": ""}], 9)["status"] == "CRASH"
 
 
-def test_hang_verdict_other_outcomes():
-    done = GPU_HANG[:4] + [("p2p_done", "2/2"), ("all_reduce", ""), ("all_reduce_done", "True"), ("synchronized", "")]
-    assert "COMPLETED" in hang.hang_verdict(_outcome("completed", {0: done, 1: done}))
-    assert "INCONCLUSIVE" in hang.hang_verdict(_outcome("RankTimeout", {0: GPU_HANG}))  # rank 1 never started
-    host = hang.hang_verdict(_outcome("RankTimeout", {0: [("start", "")], 1: GPU_HANG}))
-    assert host.startswith("eager init: HANG on the host inside isend (ranks [0])")
-    crash = hang.hang_verdict(_outcome("RankError", {0: GPU_HANG, 1: GPU_HANG},
-                                      message="rank 1 was killed by SIGABRT before returning a result. HINT: x"))
-    assert crash.startswith("eager init: CRASH --")
-    assert "then rank 1 was killed by SIGABRT before returning a result" in crash and "HINT" not in crash
-    after_wait = hang.hang_verdict(_outcome("RankError", {0: GPU_HANG[:4], 1: GPU_HANG}, message="m"))
-    assert after_wait == "eager init: CRASH after wait() (ranks [0]); then m."
+# ---- the notebook's reproducer script --------------------------------------------------------------
+def test_notebook_reproducer_is_standalone_and_knows_every_variant():
+    source = cell_magic_body(STEM, "writefile")
+    tree = ast.parse(source)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [ast.alias(n.module or "")])}
+    assert imported <= {"os", "sys", "time", "torch"}  # no labutils in the reproducer
+    notebook = jupytext.read(ROOT / "notebooks" / "src" / f"{STEM}.py")
+    cell = next(c.source for c in notebook.cells if c.source.startswith("VARIANTS = {"))
+    variants = eval(cell.split("=", 1)[1].split("\nEXCHANGE_RUNS")[0])  # noqa: S307 - our own notebook's literal
+    for arg, _ in variants.values():
+        assert arg == "as_written" or f'"{arg}"' in source, arg
+    statuses = {"as_written": "CRASH", "preconnected": "COMPLETED", "batched": "COMPLETED", "recv_first": "HANG"}
+    data = {"variants": {name: {"arg": arg, "env": env, "status": "HANG" if env else statuses[arg]}
+                         for name, (arg, env) in variants.items()}}
+    verdicts = lab_claims.exchange_verdicts(data)
+    assert [v.verdict for v in verdicts] == ["FALSE", "TRUE", "TRUE", "TRUE"]  # every variant found
 
 
-def test_describe_steps_lists_each_warning_once():
-    warn = ("warning", "An unbatched P2P op (send/recv) was called")
-    outcome = _outcome("RankTimeout", {0: GPU_HANG[:2] + [warn], 1: GPU_HANG[:2] + [warn]})
-    outcome["where"] = {"0": "torch/cuda/__init__.py:1 in synchronize"}
-    assert hang.describe_steps(outcome) == [
-        "rank 0: started -> isend returned -> (stopped here)",
-        "rank 1: started -> isend returned -> (stopped here)",
-        "warning caught: An unbatched P2P op (send/recv) was called",
-        "rank 0 at the timeout: torch/cuda/__init__.py:1 in synchronize"]
+# ---- verdict thresholds ----------------------------------------------------------------------------
+def _variants(**statuses):
+    args = {"written": ("as_written", {}), "cumem": ("as_written", {"NCCL_CUMEM_ENABLE": "0"}),
+            "pre": ("preconnected", {}), "batched": ("batched", {}), "recv": ("recv_first", {})}
+    return {"variants": {k: {"arg": a, "env": e, "status": statuses.get(k, "COMPLETED")} for k, (a, e) in args.items()}}
+
+
+def test_exchange_verdicts_follow_the_statuses():
+    words = lambda d: [v.verdict for v in lab_claims.exchange_verdicts(d)]  # noqa: E731
+    assert words(_variants(written="CRASH", cumem="HANG", recv="HANG")) == ["FALSE", "TRUE", "TRUE", "TRUE"]
+    assert words(_variants(written="CRASH", cumem="CRASH", recv="HANG"))[1] == "FALSE"   # transport did not matter
+    assert words(_variants(written="CRASH", pre="HANG", recv="HANG"))[1] == "FALSE"      # connecting did not help
+    assert words(_variants(written="HANG", batched="CRASH", recv="COMPLETED")) == ["FALSE", "FALSE", "FALSE", "FALSE"]
+    assert words(_variants(written="NOT RECORDED"))[:2] == ["NO DATA", "NO DATA"]
+
+
+def _case(compute, transfer, e):
+    return {"compute": compute, "transfer": transfer, "k": 2, "efficiency": e}
+
+
+def test_overlap_verdicts_follow_their_thresholds():
+    data = {"cases": [_case("matmul (bf16)", "send/recv (NCCL)", 0.8), _case("memory-bound (x)", "send/recv (NCCL)", 0.09),
+                      _case("matmul (bf16)", overlap.PEER_COPY, 0.1), _case("matmul (bf16)", overlap.PEER_MEMCPY, 0.79)],
+            "profiles": {overlap.PEER_COPY: {"gpu": [{"name": "Memcpy PtoP", "engine": "copy engine"}],
+                                             "runtime": {"cudaStreamWaitEvent": 2}},
+                         overlap.PEER_MEMCPY: {"gpu": [], "runtime": {"cudaMemcpyAsync": 1}}}}
+    verdicts = lab_claims.overlap_verdicts(data)
+    assert [v.verdict for v in verdicts] == ["TRUE", "FALSE", "PARTLY", "PARTLY", "TRUE", "TRUE"]
+    data["profiles"][overlap.PEER_COPY]["gpu"].append({"name": "elementwise_kernel", "engine": "SMs"})
+    data["profiles"][overlap.PEER_MEMCPY]["runtime"]["cudaStreamWaitEvent"] = 1
+    assert [v.verdict for v in lab_claims.overlap_verdicts(data)][-2:] == ["FALSE", "FALSE"]
+    assert len(lab_claims.overlap_verdicts({"cases": data["cases"][:1]})) == 1  # an older recording: fewer verdicts
+
+
+def test_ring_and_wait_verdicts_follow_their_thresholds():
+    d = {"size_bytes": [1 << 20, 1 << 28], "world_size": 2, "ring_ms": [0.16, 1.0], "collective_ms": [0.1, 1.0],
+         "ring_busbw_gbps": [5.0, 85.0], "collective_busbw_gbps": [10.0, 100.0], "host_busbw_gbps": [5.0, 10.0]}
+    assert [v.verdict for v in lab_claims.ring_verdicts(d)] == ["TRUE", "TRUE", "TRUE"]
+    d.update(ring_ms=[0.149, 1.0], ring_busbw_gbps=[5.0, 84.0], host_busbw_gbps=[5.1, 10.0])
+    assert [v.verdict for v in lab_claims.ring_verdicts(d)] == ["FALSE", "FALSE", "FALSE"]
+    assert len(lab_claims.ring_verdicts({**d, "host_busbw_gbps": []})) == 2
+    wait_data = {"wait_ms": 10.0, "sync_ms": 100.0, "after_wait_ok": True}
+    assert [v.verdict for v in lab_claims.wait_verdicts(wait_data)] == ["TRUE", "TRUE"]
+    assert [v.verdict for v in lab_claims.wait_verdicts({**wait_data, "wait_ms": 10.1, "after_wait_ok": False})] == [
+        "FALSE", "FALSE"]
 
 
 # ---- integration with real gloo ranks -----------------------------------------------------------
-def _rings_and_fixes(rank, world_size):
-    """Everything that must equal torch's own collectives, in one launch per world size (any backend)."""
+def _rings_and_fixes(rank, world_size, fixes):
+    """Everything that must equal torch's own collectives, in one call per world size (any backend)."""
     dev = rank_device()
-    out = {"fixes": exchange.fixed_versions(rank, world_size), "all_gather": [], "all_reduce": []}
+    out = {"fixes": exchange.verify_fixes(rank, world_size, fixes), "all_gather": [], "all_reduce": []}
     for shape, dtype in (((5,), torch.float32), ((3, 4), torch.int64), ((1,), torch.float64)):
         inp = (torch.arange(math.prod(shape)) + 100 * rank).reshape(shape).to(dtype).to(dev)
         ref = inp.new_empty((world_size * shape[0], *shape[1:]))
@@ -178,69 +287,73 @@ def _rings_and_fixes(rank, world_size):
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_fixes_and_rings_equal_the_collectives(world_size, no_leaks):
-    res = labutils.launch(_rings_and_fixes, world_size=world_size, backend="gloo", output="quiet")
-    assert all(line.endswith("every rank: True") for line in exchange.report_fixes([r["fixes"] for r in res]))
-    assert all(r["fixes"][name]["shape"] == [1000, 1000] for r in res for name in exchange.FIXES)
+def check_rings_and_fixes(res):
+    table = exchange.fixes_table([r["fixes"] for r in res])
+    assert table["equals tensor * 2 on every rank"].all() and (table["shape"] == "(1000, 1000)").all()
     for r in res:
         assert all(r["all_gather"]) and all(r["all_reduce"])
         assert r["errors"] == [True, True, True]
-    if world_size >= 3:
+    if len(res) >= 3:
         assert res[1]["group"] and res[2]["group"]
 
 
-def test_source_as_written_on_gloo_shows_its_defects(no_leaks):
-    res = labutils.launch(exchange.source_as_written, backend="gloo", world_size=2, output="quiet")
+def test_notebook_fixes_and_rings_equal_the_collectives(pool, gloo3):
+    for ranks in (pool, gloo3):  # 3 ranks: uneven chunks (334, 334, 332), a subgroup, left != right
+        check_rings_and_fixes(ranks.run(_rings_and_fixes, FIXES))
+
+
+def _wrong_gather(result, rows):  # the source's mistake: every rank's own chunk first
+    return torch.cat([result] + [result.new_zeros(r, result.shape[1]) for i, r in enumerate(rows) if i != dist.get_rank()])
+
+
+def test_verify_fixes_catches_a_wrong_gather(pool):
+    table = exchange.fixes_table(pool.run(exchange.verify_fixes, {"wrong": _wrong_gather}))
+    assert not table.loc["wrong", "equals tensor * 2 on every rank"]
+
+
+def test_source_as_written_on_gloo_shows_its_defects(pool):
+    res = pool.run(exchange.source_as_written)
     lines = exchange.diagnose_source(res)
     assert lines[0].startswith("final_result shape: (1500, 1000) on every rank")
-    assert lines[1].startswith("rank 0 concatenates: result = chunk 0, received_results[0] = never written")
-    assert lines[2].startswith("rank 1 concatenates: result = chunk 1, received_results[0] = chunk 0")
     assert lines[-1].endswith("False")  # unseeded: every rank drew its own tensor
+    blocks = exchange.source_blocks(res)
+    assert blocks.loc["rank 0"].tolist() == ["chunk 0", "never written", "chunk 1"]
+    assert blocks.loc["rank 1"].tolist() == ["chunk 1", "chunk 0", "never written"]
 
 
 def test_source_as_written_aborts_with_uneven_chunks(no_leaks):
-    out = hang.try_launch(exchange.source_as_written, backend="gloo", world_size=3, timeout=60, output="quiet")
+    out = exchange.attempt(labutils.launch, exchange.source_as_written, backend="gloo", world_size=3, timeout=60,
+                           output="quiet")
     assert out["status"] == "RankError", out
-    assert "size" in out["message"] and out["elapsed_s"] < 60
+    assert "size" in out["message"] and out["elapsed_s"] < 60 and out["tail"]
 
 
-def test_hang_demo_on_gloo_completes(no_leaks):
-    out = hang.hang_demo(timeout_s=60, inits=("eager",), backend="gloo", poll_s=5)["eager"]
-    assert out["status"] == "completed" and out["value"] == [True, True]
-    assert [s["step"] for s in out["steps"]["1"]] == ["start", "isend", "irecv", "wait", "p2p_done",
-                                                      "all_reduce", "all_reduce_done", "synchronized"]
-    assert hang.hang_verdict(out).startswith("eager init: COMPLETED")
-
-
-def _blocking_send_first(rank, world_size, log_dir, poll_s):
-    log = hang.StepLog(log_dir, rank)
-    log.mark("start")
+def _blocking_send_first(rank, world_size):
     dist.send(torch.ones(4), dst=1 - rank)  # gloo's send waits for the receiver: both wait forever
-    log.mark("isend")
 
 
-def test_deadlock_costs_its_timeout_and_leaves_nothing(no_leaks):
+def test_a_blocking_send_on_every_rank_deadlocks_gloo(no_leaks):
     timeout = 8.0
-    t0 = time.monotonic()
-    out = hang.hang_demo(timeout_s=timeout, inits=("lazy",), backend="gloo", rank_fn=_blocking_send_first)["lazy"]
-    assert out["status"] == "RankTimeout"
-    assert time.monotonic() - t0 < timeout + 6  # + labutils' diagnostics and the kill
-    assert hang.hang_verdict(out) .startswith("lazy init: HANG on the host inside isend (ranks [0, 1])")
-    assert procs.leftover_ranks() == []
+    out = exchange.attempt(labutils.launch, _blocking_send_first, backend="gloo", world_size=2, timeout=timeout,
+                           output="quiet")
+    assert out["status"] == "RankTimeout" and out["elapsed_s"] < timeout + 6, out  # no_leaks: nothing left
 
 
-def test_wait_blocks_the_host_on_gloo_and_races_are_real(no_leaks):
-    res = labutils.launch(wait.wait_semantics_gloo, 0.3, backend="gloo", world_size=2, output="quiet")
+def test_attempt_reports_a_completed_run(pool):
+    out = exchange.attempt(pool.run, lambda rank, world_size: {"rank": rank, "t": torch.ones(1)})
+    assert out["status"] == "completed" and out["value"] == [{"rank": 0, "t": None}, {"rank": 1, "t": None}]
+
+
+def test_wait_blocks_the_host_on_gloo_and_races_are_real(pool):
+    res = pool.run(wait.wait_semantics_gloo, 0.3)
     assert res[0] == {}
     assert res[1]["wait_ms"] >= 150 and res[1]["early_read_stale"] and res[1]["after_wait_ok"]
     assert res[1]["send_race_fraction"] > 0
 
 
-def test_overlap_experiment_code_path_on_gloo(no_leaks):
-    res = labutils.launch(overlap.overlap_experiment, 1 << 16, 0, 2, backend="gloo", output="quiet")
-    data = res[0]
-    assert data["world_size"] == 2 and data["size_bytes"] == 1 << 16
+def test_overlap_experiment_code_path_on_gloo(pool):
+    data = pool.run(overlap.overlap_experiment, 1 << 16, 0, 2)[0]
+    assert data["world_size"] == 2 and data["size_bytes"] == 1 << 16 and data["profiles"] == {}
     assert {(c["compute"], c["transfer"]) for c in data["cases"]} == {
         (c, t) for c in ("matmul", "memory-bound") for t in ("all_reduce (gloo)", "send/recv (gloo)")}
     for c in data["cases"]:
@@ -249,14 +362,11 @@ def test_overlap_experiment_code_path_on_gloo(no_leaks):
         lanes = {s["lane"] for s in c["spans"]}
         assert lanes == {"back to back: compute", "back to back: transfer", "overlapped: compute", "overlapped: transfer"}
         assert all(0 <= s["start_ms"] <= s["end_ms"] for s in c["spans"])
-    assert [c["efficiency"] for c in res[1]["cases"]] == [c["efficiency"] for c in data["cases"]]  # slowest rank
 
 
-def test_ring_vs_collective_code_path_on_gloo(no_leaks):
-    res = labutils.launch(measure.ring_vs_collective, solution.ring_all_gather, [1 << 10, 1 << 14], 1, 2, 2,
-                          backend="gloo", world_size=3, output="quiet")
-    d = res[0]
-    assert d["ring_correct"] and d["world_size"] == 3
+def test_ring_vs_collective_code_path_on_gloo(gloo3):
+    d = gloo3.run(measure.ring_vs_collective, solution.ring_all_gather, [1 << 10, 1 << 14], 1, 2, 2)[0]
+    assert d["ring_correct"] and d["world_size"] == 3 and d["host_correct"] is None and d["host_ms"] == []
     assert d["size_bytes"] == [4 * 3 * (1024 // 12), 4 * 3 * (16384 // 12)]
     assert all(v > 0 for k in ("ring_busbw_gbps", "collective_busbw_gbps") for v in d[k])
 
@@ -266,8 +376,8 @@ def _stub(*args):
     raise NotImplementedError
 
 
-def test_checker_stub_checks_the_reference(capsys, no_leaks):
-    fn = check.ring_all_gather(_stub, backend="gloo")
+def test_checker_stub_checks_the_reference(capsys, gloo3):
+    fn = check.ring_all_gather(_stub, pool=gloo3)
     assert fn is solution.ring_all_gather
     out = capsys.readouterr().out
     assert "not attempted" in out and "labutils.solutions.lab03.ring_all_gather" in out
@@ -291,8 +401,8 @@ def _my_ring_all_reduce(tensor):  # a learner's correct answer: reduce-scatter +
             q.wait()
 
 
-def test_checker_accepts_a_correct_answer_and_returns_it(capsys, no_leaks):
-    assert check.ring_all_reduce(_my_ring_all_reduce, backend="gloo", world_size=3) is _my_ring_all_reduce
+def test_checker_accepts_a_correct_answer_and_returns_it(capsys, gloo3):
+    assert check.ring_all_reduce(_my_ring_all_reduce, pool=gloo3) is _my_ring_all_reduce
     assert capsys.readouterr().out.startswith("✓ ring all-reduce matches all_reduce on every rank")
 
 
@@ -314,14 +424,14 @@ def _never_writes(tensor):
     pass
 
 
-@pytest.mark.parametrize("checker, fn, world_size, pattern", [
-    (check.ring_all_gather, _wrong_order, 3, r"chunk\(s\) \[.*\] differ from all_gather_into_tensor.*HINT: chunk k must hold"),
-    (check.ring_all_gather, _uses_the_collective, 2, r"raised RuntimeError.*called dist\.all_gather_into_tensor"),
-    (check.ring_all_reduce, _never_writes, 2, r"output was never written.*HINT: write the sums back"),
+@pytest.mark.parametrize("checker, fn, pattern", [
+    (check.ring_all_gather, _wrong_order, r"chunk\(s\) \[.*\] differ from all_gather_into_tensor.*HINT: chunk k must hold"),
+    (check.ring_all_gather, _uses_the_collective, r"raised RuntimeError.*called dist\.all_gather_into_tensor"),
+    (check.ring_all_reduce, _never_writes, r"output was never written.*HINT: write the sums back"),
 ])
-def test_checker_rejects_wrong_answers(checker, fn, world_size, pattern, no_leaks):
+def test_checker_rejects_wrong_answers(checker, fn, pattern, gloo3):
     with pytest.raises(ExerciseError, match=pattern):
-        checker(fn, backend="gloo", world_size=world_size)
+        checker(fn, pool=gloo3)
 
 
 def _deadlocks(output, input):
@@ -335,23 +445,8 @@ def test_checker_turns_a_deadlock_into_a_hint(no_leaks):
         check.ring_all_gather(_deadlocks, backend="gloo", world_size=2, timeout=8)
 
 
-def test_checker_wants_a_function():
+def test_checker_wants_a_function_and_one_way_to_run():
     with pytest.raises(ExerciseError, match="expected a function"):
         check.ring_all_reduce(42, backend="gloo")
-
-
-@pytest.mark.parametrize("coll, head, state", [
-    ([40.0, 400.0], "**True.**", "NCCL ahead"),
-    ([40.0, 101.0], "**True below 1 GiB.**", "a tie"),
-    ([40.0, 80.0], "**True below 1 GiB.**", "the ring ahead"),
-    ([9.0, 80.0], "**No.**", "the ring ahead"),
-])
-def test_library_verdict_follows_the_measurement(coll, head, state):
-    d = {"size_bytes": [1 << 20, 1 << 30], "ring_busbw_gbps": [10.0, 100.0],
-         "collective_busbw_gbps": coll, "world_size": 4}
-    text = measure.library_verdict(d)
-    assert text.startswith(head) and text.rstrip(".").endswith(state), text
-    assert f"{coll[0] / 10:.2f}× at 1 MiB" in text
-    assert "2 ranks" not in text
-    # the 2-rank explanation appears exactly when NCCL does not win the largest size
-    assert ("With 2 ranks" in measure.library_verdict({**d, "world_size": 2})) == (state != "NCCL ahead")
+    with pytest.raises(ValueError, match="either pool= or backend="):
+        check.ring_all_gather(_stub, pool=object(), backend="gloo")

@@ -1,8 +1,9 @@
 """Checkers for lab 03: a ring all-gather and a ring all-reduce written with point-to-point ops.
 
-    ring_fn = check.ring_all_gather(my_ring_all_gather, backend=BACKEND)   # prints ✓ ... or raises
+    ring_fn = check.ring_all_gather(my_ring_all_gather, pool=POOL)   # prints ✓ ... or raises
 
-Each checker launches the ranks once, runs your function on a few shapes and dtypes next to the
+Each checker runs on a ``labutils.RankPool``'s ranks (``pool=``) or launches ranks once (``backend=``,
+``world_size=``), runs your function on a few shapes and dtypes next to the
 collective it imitates, and compares them chunk by chunk on every rank. While your function runs,
 the collectives (``dist.all_gather_into_tensor``, ``dist.all_reduce``, ...) are switched off: the
 exercise is to build them from ``isend``/``irecv``. A stub that raises ``NotImplementedError``
@@ -116,15 +117,21 @@ def _raise(what: str, hint: str):
 
 
 def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, backend, world_size,
-           timeout: float):
+           timeout: float, pool):
     from ..launch import launch
     from ..solutions import lab03 as reference_module
     reference = getattr(reference_module, name)
     if not callable(fn):
         fail(f"{what}: expected a function, got {fn!r}", f"pass the function itself: check.{name}(my_fn)")
+    if pool is not None and (backend is not None or world_size is not None):
+        raise ValueError(f"check.{name}: pass either pool= or backend=/world_size=, not both. HINT: the "
+                         "pool's ranks already have a backend and a world size.")
     try:
-        per_rank = launch(rank_fn, fn, reference, backend=backend, world_size=world_size,
-                          timeout=timeout, output="quiet")
+        if pool is not None:
+            per_rank = pool.run(rank_fn, fn, reference, timeout=timeout, output="quiet")
+        else:
+            per_rank = launch(rank_fn, fn, reference, backend=backend, world_size=world_size,
+                              timeout=timeout, output="quiet")
     except RankTimeout as exc:
         _raise(f"your {what} did not finish within {timeout:g} s (RankTimeout: ranks {exc.ranks} "
                "were still waiting)", _DEADLOCK_HINT)
@@ -147,15 +154,20 @@ def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, back
     return reference if used else fn
 
 
-def ring_all_gather(fn, *, backend: str | None = None, world_size: int | None = None,
+def ring_all_gather(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
                     timeout: float = 30.0):
     """Check ``fn(output, input)`` against ``dist.all_gather_into_tensor`` on every rank.
+
+    Args:
+        pool: a ``labutils.RankPool`` to run on (a deadlock in ``fn`` restarts it); else fresh ranks
+            with ``backend`` and ``world_size`` (``labutils.launch``'s defaults).
 
     Returns:
         The function that passed: ``fn``, or the reference if ``fn`` is a stub.
 
     Raises:
         ExerciseError: wrong chunks, output never written, an error or a deadlock in ``fn``.
+        ValueError: ``pool`` together with ``backend`` or ``world_size``.
     """
     hints = {"error": "call it like dist.all_gather_into_tensor(output, input); use only "
                       "isend/irecv/batch_isend_irecv",
@@ -164,18 +176,22 @@ def ring_all_gather(fn, *, backend: str | None = None, world_size: int | None = 
              "order": "chunk k must hold rank k's input. In step s = 0 .. n-2 rank r sends chunk "
                       "(r - s) mod n to rank r + 1 and receives chunk (r - s - 1) mod n from rank r - 1"}
     return _check(_all_gather_rank, fn, "ring_all_gather", "ring all-gather",
-                  "all_gather_into_tensor", hints, backend, world_size, timeout)
+                  "all_gather_into_tensor", hints, backend, world_size, timeout, pool)
 
 
-def ring_all_reduce(fn, *, backend: str | None = None, world_size: int | None = None,
+def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
                     timeout: float = 30.0):
     """Check ``fn(tensor)`` (in-place sum) against ``dist.all_reduce`` on every rank.
+
+    Args:
+        pool: as in ``ring_all_gather``.
 
     Returns:
         The function that passed: ``fn``, or the reference if ``fn`` is a stub.
 
     Raises:
         ExerciseError: wrong chunks, tensor unchanged, an error or a deadlock in ``fn``.
+        ValueError: ``pool`` together with ``backend`` or ``world_size``.
     """
     hints = {"error": "call it like dist.all_reduce(tensor): sum in place; use only "
                       "isend/irecv/batch_isend_irecv",
@@ -186,4 +202,4 @@ def ring_all_reduce(fn, *, backend: str | None = None, world_size: int | None = 
                       "All-gather next: send chunk (r + 1 - s) mod n, receive chunk (r - s) mod n. "
                       "Split with tensor.view(-1).tensor_split(n) so every rank agrees on sizes"}
     return _check(_all_reduce_rank, fn, "ring_all_reduce", "ring all-reduce", "all_reduce", hints,
-                  backend, world_size, timeout)
+                  backend, world_size, timeout, pool)

@@ -1,5 +1,6 @@
-"""Lab 03 (async point-to-point): ``exchange`` (the source's isend/irecv program and three fixes),
-``hang`` (the same exchange under NCCL, observed with a step log that survives the kill), ``wait``
-(what ``wait()`` guarantees), ``overlap`` (communication hidden behind compute, measured),
-``measure`` (a ring against NCCL's all-gather). The rings themselves are the exercises' reference
-solutions, in ``labutils.solutions.lab03``."""
+"""Lab 03's harness (async point-to-point). The fixed exchanges themselves are code in the notebook; here:
+``exchange`` (the source's isend/irecv program, and the checks of the notebook's fixes), ``repro`` (runs
+and classifies the standalone reproducer of the exchange on GPUs), ``wait`` (what ``wait()`` guarantees),
+``overlap`` (communication hidden behind compute, measured, and a profile of a peer copy), ``measure``
+(a ring against NCCL's all-gather and against gloo through host memory) and ``claims`` (their verdicts).
+The rings of the exercises are in ``labutils.solutions.lab03``."""

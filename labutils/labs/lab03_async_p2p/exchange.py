@@ -1,29 +1,35 @@
-"""Lab 03's exchange: the source's isend/irecv example as written, and three correct versions.
+"""Lab 03's exchange: the source's isend/irecv example as written, and the harness that checks the fixes.
 
-Every rank function here has the ``fn(rank, world_size, ...)`` form of ``labutils.launch`` and runs
-on gloo (CPU tensors) and NCCL (one GPU per rank)::
+The three fixed exchanges themselves are code in the notebook (section 1); here is what runs and judges them.
+Every rank function has the ``fn(rank, world_size, ...)`` form of ``labutils.launch`` / ``RankPool.run`` and
+runs on gloo (CPU tensors) and NCCL (one GPU per rank)::
 
     import labutils
     from labutils.labs.lab03_async_p2p import exchange
-    exchange.report_fixes(labutils.launch(exchange.fixed_versions, backend="gloo"))  # three correct gathers
+    summaries = labutils.launch(exchange.source_as_written, backend="gloo", world_size=2)
+    exchange.source_blocks(summaries)                          # which chunk each block of final_result is
+    per_rank = pool.run(exchange.verify_fixes, {"mine": my_gather})
+    exchange.fixes_table(per_rank)                             # equal to tensor * 2 on every rank?
 
-* ``source_as_written``: the second source's rank function (002, section 5.2), verbatim except that
-  it returns checksums instead of printing; ``diagnose_source`` reads them.
-* ``gather_ordered`` / ``gather_batched`` / ``gather_collective``: three correct exchanges,
-  verified by ``fixed_versions`` against the one-device reference ``tensor * 2``.
+* ``source_as_written``: the second source's rank function (002, section 5.2), verbatim except that it
+  returns checksums instead of printing; ``diagnose_source`` and ``source_blocks`` read them.
+* ``source_input``: the source's data made consistent (one seeded tensor for every rank).
+* ``verify_fixes`` / ``fixes_table``: a gather function against the one-device reference ``tensor * 2``.
+* ``attempt``: run a rank function and report what happened (JSON, recordable) instead of raising.
 
-The same exchange on CUDA tensors under NCCL, and its hang, are in ``hang``; the rings of the
-lab's exercises in ``labutils.solutions.lab03``, timed against NCCL by ``measure``.
+The same exchange on CUDA tensors runs outside labutils, as a standalone script (``repro``); the rings of
+the lab's exercises are in ``labutils.solutions.lab03``, timed against NCCL by ``measure``.
 """
 from __future__ import annotations
 
-import itertools
+import json
+import time
 
 import torch
 import torch.distributed as dist
 
-from ...compat import all_gather_into_tensor
 from ...config import rank_device
+from ...errors import RankError, RankTimeout
 
 SOURCE_ROWS = SOURCE_COLS = 1000  # torch.randn(1000, 1000) in the source
 SEED = 0
@@ -90,31 +96,29 @@ def source_as_written(rank: int, world_size: int) -> dict:
 
 
 def diagnose_source(summaries: list[dict]) -> list[str]:
-    """Findings about the source's output, from every rank's ``source_as_written`` summary.
-
-    A block is identified by its checksum: it equals some rank's ``result`` (then it is that
-    rank's chunk) or nobody's (then ``torch.empty_like`` memory that no receive ever wrote).
-    """
-    n = len(summaries)
-    owner = {s["result_sum"]: r for r, s in enumerate(summaries) if s["result_sum"] is not None}
+    """Findings about the source's output, from every rank's ``source_as_written`` summary: the shape of
+    ``final_result`` against the gathered tensor's, and whether the ranks drew the same random tensor
+    (which block is which: ``source_blocks``)."""
     shapes = sorted({tuple(s["shape"]) for s in summaries})
-    lines = [f"final_result shape: {' / '.join(str(s) for s in shapes)} on every rank "
-             f"(the gathered tensor is {(SOURCE_ROWS, SOURCE_COLS)})"]
-    for r, s in enumerate(summaries):
-        names = ["result"] + [f"received_results[{i}]" for i in range(n)]
-        parts = []
-        for name, block in zip(names, s["block_sums"]):
-            src = owner.get(block)
-            parts.append(f"{name} = " + ("never written" if src is None else f"chunk {src}"))
-        lines.append(f"rank {r} concatenates: " + ", ".join(parts))
-    lines.append("correct order: " + ", ".join(f"chunk {k}" for k in range(n)))
     same = len({s["tensor_sum"] for s in summaries}) == 1
-    lines.append(f"all ranks drew the same torch.randn(1000, 1000): {same}")
-    return lines
+    return [f"final_result shape: {' / '.join(str(s) for s in shapes)} on every rank "
+            f"(the gathered tensor is {(SOURCE_ROWS, SOURCE_COLS)})",
+            f"all ranks drew the same torch.randn(1000, 1000): {same}"]
+
+
+def source_blocks(summaries: list[dict]):
+    """``final_result``'s blocks per rank as a DataFrame: "chunk k" where a block equals rank k's ``result``,
+    "never written" where it equals nobody's (``torch.empty_like`` memory no receive wrote)."""
+    import pandas as pd
+    owner = {s["result_sum"]: r for r, s in enumerate(summaries) if s["result_sum"] is not None}
+    names = ["result"] + [f"received_results[{i}]" for i in range(len(summaries))]
+    rows = {f"rank {r}": {name: "never written" if owner.get(b) is None else f"chunk {owner[b]}"
+                          for name, b in zip(names, s["block_sums"])} for r, s in enumerate(summaries)}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 # ------------------------------------------------------------------------------------------------
-# Three correct versions
+# The fixes, judged
 # ------------------------------------------------------------------------------------------------
 
 def source_input(rank: int, world_size: int, device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -129,75 +133,46 @@ def source_input(rank: int, world_size: int, device) -> tuple[torch.Tensor, torc
     return tensor, (torch.chunk(tensor, world_size, dim=0)[rank] * 2).to(device), rows
 
 
-def _parts(result: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
-    parts = [result.new_empty(r, *result.shape[1:]) for r in rows]
-    parts[dist.get_rank()] = result  # our own slot is our result: nothing to receive
-    return parts
-
-
-def gather_ordered(result: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """Blocking send/recv, deadlock-free by order: pairs (i, j), i < j, in one global order; in each
-    pair the lower rank sends first and the higher rank receives first."""
-    rank, parts = dist.get_rank(), _parts(result, rows)
-    for i, j in itertools.combinations(range(dist.get_world_size()), 2):
-        if rank == i:
-            dist.send(result, dst=j)
-            dist.recv(parts[j], src=j)
-        elif rank == j:
-            dist.recv(parts[i], src=i)
-            dist.send(result, dst=i)
-    return torch.cat(parts, dim=0)
-
-
-def gather_batched(result: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """All sends and receives in one ``batch_isend_irecv`` (one ncclGroupStart/End under NCCL, so
-    they progress together and their order in the list does not matter)."""
-    rank, parts = dist.get_rank(), _parts(result, rows)
-    ops = []
-    for i in range(dist.get_world_size()):
-        if i != rank:
-            ops += [dist.P2POp(dist.isend, result, i), dist.P2POp(dist.irecv, parts[i], i)]
-    for req in dist.batch_isend_irecv(ops) if ops else []:
-        req.wait()
-    return torch.cat(parts, dim=0)
-
-
-def gather_collective(result: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """The collective made for the job. ``all_gather_into_tensor`` needs equal pieces, so uneven
-    chunks are padded to the largest and trimmed after."""
-    n, m = dist.get_world_size(), max(rows)
-    padded = result.new_zeros(m, *result.shape[1:])
-    padded[: result.shape[0]] = result
-    out = result.new_empty(n * m, *result.shape[1:])
-    all_gather_into_tensor(out, padded)
-    return torch.cat([out[k * m: k * m + rows[k]] for k in range(n)], dim=0)
-
-
-FIXES = {"ordered send/recv": gather_ordered, "batch_isend_irecv (P2POp)": gather_batched,
-         "all_gather_into_tensor": gather_collective}
-
-
-def fixed_versions(rank: int, world_size: int) -> dict:
-    """Run every fix on the source's (seeded) data; compare with the one-device ``tensor * 2``.
+def verify_fixes(rank: int, world_size: int, fixes: dict) -> dict:
+    """Run every ``fixes[name](result, rows)`` on the source's (seeded) data on this rank's device and
+    compare it bit for bit with the one-device reference ``tensor * 2``.
 
     Returns:
-        ``{fix name: {"shape": [rows, cols], "equal": bool}}`` for this rank.
+        ``{name: {"shape": [rows, cols], "equal": bool}}`` for this rank.
     """
     tensor, result, rows = source_input(rank, world_size, rank_device())
     expected = tensor * 2
     out = {}
-    for name, fn in FIXES.items():
+    for name, fn in fixes.items():
         got = fn(result, rows).cpu()
         out[name] = {"shape": list(got.shape), "equal": torch.equal(got, expected)}
     return out
 
 
-def report_fixes(per_rank: list[dict]) -> list[str]:
-    """One line per fix: the gathered shape and whether every rank holds exactly ``tensor * 2``."""
-    lines = []
-    for name in per_rank[0]:
-        shapes = sorted({tuple(r[name]["shape"]) for r in per_rank})
-        ok = all(r[name]["equal"] for r in per_rank)
-        lines.append(f"{name:<27} shape {' / '.join(map(str, shapes))}, "
-                     f"equals tensor * 2 on every rank: {ok}")
-    return lines
+def fixes_table(per_rank: list[dict]):
+    """One row per fix: the gathered shape(s) and whether *every* rank holds exactly ``tensor * 2``."""
+    import pandas as pd
+    rows = {name: {"shape": " / ".join(str(s) for s in sorted({tuple(r[name]["shape"]) for r in per_rank})),
+                   "equals tensor * 2 on every rank": all(r[name]["equal"] for r in per_rank)}
+            for name in per_rank[0]}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def attempt(run, fn, *args, **kwargs) -> dict:
+    """``run(fn, *args, **kwargs)`` (``labutils.launch`` or a pool's ``run``) that reports instead of raising.
+
+    Returns:
+        ``{"status": "completed" | "RankTimeout" | "RankError", "elapsed_s", "message", "value"}``, plus
+        ``"rank", "exc_type", "exit_code", "tail"`` (last lines of the failed rank's traceback or output) for
+        a RankError. JSON types only (recordable).
+    """
+    t0, info = time.monotonic(), {"status": "completed", "message": "", "value": None}
+    try:
+        info["value"] = json.loads(json.dumps(run(fn, *args, **kwargs), default=lambda x: None))
+    except RankTimeout as exc:
+        info.update(status="RankTimeout", message=str(exc))
+    except RankError as exc:
+        info.update(status="RankError", message=str(exc), rank=exc.rank, exc_type=exc.exc_type,
+                    exit_code=exc.exit_code, tail=exc.traceback.strip().splitlines()[-6:])
+    info["elapsed_s"] = round(time.monotonic() - t0, 1)
+    return info

@@ -12,9 +12,18 @@ The arithmetic is pure (``overlap_efficiency``); the measurement runs on every r
 The timed regions are bracketed by ``timing.Clock`` marks: on GPUs CUDA events on the streams that
 do the work; on CPU (gloo, for tests) ``time.perf_counter`` -- there a transfer's end is seen only
 at ``wait()``.
+
+The transfers: NCCL all_reduce and send/recv (kernels on the SMs), and a copy into a buffer on the next
+GPU done by the copy engines -- with ``Tensor.copy_`` on every rank, with ``copy_`` on rank 0 only, and as a
+bare ``cudaMemcpyAsync`` (``cuda_memcpy_async``, through ctypes) without the two-way stream barrier that
+``copy_`` adds between the devices (aten/src/ATen/native/cuda/Copy.cu). ``profile_transfer`` records with
+``torch.profiler`` which engine ran a copy and which CUDA runtime calls it made.
 """
 from __future__ import annotations
 
+import collections
+import ctypes
+import functools
 import statistics
 from typing import Callable
 
@@ -139,9 +148,86 @@ def _kernels(dev: torch.device) -> dict:
     return {"matmul": lambda: torch.mm(a, b), "memory-bound": lambda: big.mul_(1.0)}
 
 
+PEER_COPY = "peer copy_, both ranks"
+PEER_COPY_ONE = "peer copy_, rank 0 only"
+PEER_MEMCPY = "peer cudaMemcpyAsync, both ranks (no barrier)"
+_RUNTIME_CALLS = ("cudaMemcpyAsync", "cudaMemcpyPeerAsync", "cudaEventRecord", "cudaStreamWaitEvent",
+                  "cudaLaunchKernel")
+
+
+@functools.lru_cache(maxsize=1)
+def _cudart():
+    """The CUDA runtime library torch already loaded (its file from /proc/self/maps, else by soname)."""
+    import torch
+    names = []
+    try:
+        with open("/proc/self/maps") as f:
+            names = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln.split()[-1]})
+    except OSError:
+        pass
+    names.append(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError(f"cannot load the CUDA runtime (tried {names}). HINT: this needs torch built for CUDA.")
+    lib.cudaMemcpyAsync.restype = ctypes.c_int
+    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+def cuda_memcpy_async(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, current stream)``: the copy ``Tensor.copy_``
+    issues between two GPUs, without the events ``copy_`` records and waits for on both devices' current
+    streams. Both tensors contiguous, same size.
+
+    Raises:
+        ValueError: tensors not contiguous or of different sizes.
+        RuntimeError: the CUDA call failed.
+    """
+    nbytes = src.numel() * src.element_size()
+    if not (dst.is_contiguous() and src.is_contiguous()) or dst.numel() * dst.element_size() != nbytes:
+        raise ValueError("cuda_memcpy_async needs two contiguous tensors of the same size in bytes.")
+    rc = _cudart().cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, 4,  # 4 = cudaMemcpyDefault
+                                   torch.cuda.current_stream().cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"cudaMemcpyAsync returned CUDA error {rc}.")
+
+
+def profile_transfer(transfer: Callable[[], list]) -> dict:
+    """Run ``transfer`` once under ``torch.profiler`` (after one untimed call) and say what ran.
+
+    Returns:
+        ``{"gpu": [{"name", "engine", "device", "dur_us"}], "runtime": {call: count}}``: every GPU activity
+        (``engine`` "copy engine" for a ``Memcpy ...``, "SMs" for a kernel) and the CUDA runtime calls the
+        host made (``cudaEventRecordWithFlags`` counted as ``cudaEventRecord``).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    _wait(transfer())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _wait(transfer())
+        torch.cuda.synchronize()
+    gpu, runtime = [], collections.Counter()
+    for e in prof.events():
+        if "CUDA" in str(e.device_type):
+            memcpy = e.name.startswith(("Memcpy", "Memset"))
+            gpu.append({"name": e.name, "engine": "copy engine" if memcpy else "SMs",
+                        "device": int(e.device_index), "dur_us": float(e.time_range.elapsed_us())})
+        else:
+            call = "cudaEventRecord" if e.name.startswith("cudaEventRecord") else e.name
+            if call in _RUNTIME_CALLS:
+                runtime[call] += 1
+    return {"gpu": gpu, "runtime": dict(sorted(runtime.items()))}
+
+
 def _transfers(rank: int, world_size: int, dev: torch.device, numel: int) -> dict:
-    """Transfers of ``numel`` float32: NCCL all_reduce, a ring send/recv pair, and (GPUs only) a
-    copy to the next GPU done by the copy engines, which needs no SMs."""
+    """Transfers of ``numel`` float32: NCCL all_reduce, a ring send/recv pair, and (GPUs only) a copy into a
+    buffer on the next GPU by the copy engines: ``copy_`` on every rank, ``copy_`` on rank 0 only (the other
+    ranks transfer nothing), and a bare ``cudaMemcpyAsync`` on every rank."""
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     ar, src, dst = (torch.ones(numel, device=dev) for _ in range(3))
     lib = "NCCL" if dev.type == "cuda" else "gloo"
@@ -150,7 +236,20 @@ def _transfers(rank: int, world_size: int, dev: torch.device, numel: int) -> dic
                [dist.P2POp(dist.isend, src, right), dist.P2POp(dist.irecv, dst, left)])}
     if dev.type == "cuda" and torch.cuda.device_count() > 1:
         peer = torch.empty(numel, device=torch.device("cuda", (dev.index + 1) % torch.cuda.device_count()))
-        out["peer copy (copy engine)"] = lambda: (peer.copy_(src, non_blocking=True), [])[1]
+        peer.copy_(src)  # enables peer access and starts the other GPU's context here, not in a sample
+        torch.cuda.synchronize(peer.device)
+
+        def copy():
+            peer.copy_(src, non_blocking=True)
+            return []
+
+        def memcpy():
+            cuda_memcpy_async(peer, src)
+            return []
+
+        out[PEER_COPY] = copy
+        out[PEER_COPY_ONE] = copy if rank == 0 else (lambda: [])
+        out[PEER_MEMCPY] = memcpy
     return out
 
 
@@ -163,12 +262,15 @@ def overlap_experiment(rank: int, world_size: int, size_bytes: int = 256 << 20, 
     transfer alone (the largest ``k`` of any rank), which is where overlap matters most.
 
     Returns:
-        ``{"size_bytes", "world_size", "cases": [{"compute", "transfer", "k", ...measure_overlap}]}``.
+        ``{"size_bytes", "world_size", "cases": [{"compute", "transfer", "k", ...measure_overlap}],
+        "profiles": {transfer: profile_transfer(...)}}`` (profiles of the peer copies, rank 0's; empty on
+        other ranks and without two GPUs).
     """
     dev = rank_device()
     numel = max(1, size_bytes // 4)
     clock, cases, kernels = timing.Clock(dev), [], _kernels(dev)
-    for t_name, transfer in _transfers(rank, world_size, dev, numel).items():
+    transfers = _transfers(rank, world_size, dev, numel)
+    for t_name, transfer in transfers.items():
         for c_name, kernel in kernels.items():
             times = []
             for _ in range(3):  # calibrate: one kernel vs one transfer, medians of 3
@@ -188,4 +290,6 @@ def overlap_experiment(rank: int, world_size: int, size_bytes: int = 256 << 20, 
             res = measure_overlap(lambda: [kernel() for _ in range(k)], transfer, warmup=warmup,
                                   repeat=repeat)
             cases.append({"compute": c_name, "transfer": t_name, "k": k, **res})
-    return {"size_bytes": numel * 4, "world_size": world_size, "cases": cases}
+    profiles = {name: profile_transfer(transfers[name]) for name in (PEER_COPY, PEER_MEMCPY)
+                if name in transfers and rank == 0}
+    return {"size_bytes": numel * 4, "world_size": world_size, "cases": cases, "profiles": profiles}

@@ -1,0 +1,234 @@
+"""Run a standalone reproducer the way ``torchrun`` would, several variants at once, and classify each run.
+
+A reproducer is a plain script (no labutils inside) that reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT``, prints its steps, and ends each rank with a line containing
+``COMPLETED`` or ``HANG`` (anything else -- a signal, a traceback, a non-zero exit -- is a crash)::
+
+    from labutils.labs.lab03_async_p2p import repro
+    runs = repro.start("exchange.py", {"as written": ("as_written", {}),
+                                       "NCCL_CUMEM_ENABLE=0": ("as_written", {"NCCL_CUMEM_ENABLE": "0"})})
+    ...                                   # the processes start up in the background meanwhile
+    result = runs.wait()                  # {"variants": {name: {"status", "evidence", ...}}, ...}
+
+Every variant gets its own processes (one per rank, each in its own session) and its own rendezvous port,
+so the variants run concurrently and one that crashes or hangs cannot touch another -- nor the notebook's
+own ranks. ``wait`` kills whatever is still running at the timeout (a host blocked in a CUDA call) and
+leaves no process behind, also on Ctrl-C. ``classify`` (pure) turns what the processes left into a verdict.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+from ...procs import free_loopback_port, kill_tree
+
+COMPLETED, HANG, CRASH = "COMPLETED", "HANG", "CRASH"
+NOT_RECORDED = "NOT RECORDED"  # a placeholder recording: no GPU run yet (LABUTILS_RECORD=1 on 2 GPUs makes one)
+# lines that say what went wrong, most telling first: CUDA's error, NCCL's own warning, a Python exception
+_ERROR_PATTERNS = (r"illegal memory access", r"NCCL WARN", r"\w+Error\b.*", r"[Ee]rror", r"[Aa]bort")
+
+
+def _rank_env(rank: int, world_size: int, port: int, extra: dict) -> dict:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONUNBUFFERED="1")
+    if sys.platform.startswith("linux"):  # loopback only, as labutils' own ranks
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _kill(procs: list, files: list) -> None:  # weakref.finalize: must not refer to the Runs object
+    kill_tree(procs)
+    for f in files:
+        f.close()
+
+
+class Runs:
+    """Variants started by ``start``; ``wait()`` collects them (once)."""
+
+    def __init__(self, script: str, variants: dict, world_size: int, timeout_s: float, env: dict):
+        self.script, self.world_size, self.timeout_s = str(script), world_size, float(timeout_s)
+        self.variants = {name: (arg, dict(extra)) for name, (arg, extra) in variants.items()}
+        self._dir = Path(tempfile.mkdtemp(prefix="labutils-repro-"))
+        self._procs: dict[str, list] = {}
+        self._all: list = []
+        self._files: list = []
+        self._result: dict | None = None
+        self._finalizer = weakref.finalize(self, _kill, self._all, self._files)
+        self.started_at = time.monotonic()
+        try:
+            for k, (name, (arg, extra)) in enumerate(self.variants.items()):
+                port, self._procs[name] = free_loopback_port(), []
+                for r in range(world_size):
+                    paths = (self._dir / f"{k}-{r}.out", self._dir / f"{k}-{r}.err")
+                    self._files += [open(path, "wb") for path in paths]
+                    p = subprocess.Popen([sys.executable, self.script, arg],
+                                         env=_rank_env(r, world_size, port, {**env, **extra}),
+                                         stdin=subprocess.DEVNULL, stdout=self._files[-2], stderr=self._files[-1],
+                                         start_new_session=True, close_fds=True)
+                    self._procs[name].append((p, paths))
+                    self._all.append(p)
+        except BaseException:
+            self._finalizer()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+
+    def wait(self) -> dict:
+        """Wait until every process has ended or ``timeout_s`` (from ``start``) has passed; kill the rest.
+
+        Returns:
+            ``{"world_size", "timeout_s", "variants": {name: {"arg", "env", "elapsed_s",
+            **classify(...)}}}`` (JSON types, recordable); the same dict on a second call.
+        """
+        if self._result is not None:
+            return self._result
+        deadline = self.started_at + self.timeout_s
+        ended_at: dict = {}
+        try:
+            while True:
+                now = time.monotonic()
+                for name, procs in self._procs.items():
+                    if name not in ended_at and all(p.poll() is not None for p, _ in procs):
+                        ended_at[name] = now
+                if len(ended_at) == len(self._procs) or now >= deadline:
+                    break
+                time.sleep(0.05)
+            killed = {name: [p.poll() is None for p, _ in procs] for name, procs in self._procs.items()}
+        finally:
+            self._finalizer()  # kills what is left, reaps every process, closes the files
+        try:
+            out = {}
+            for name, procs in self._procs.items():
+                ranks = [{"rc": p.returncode, "killed": hung, "stdout": paths[0].read_text(errors="replace"),
+                          "stderr": paths[1].read_text(errors="replace")}
+                         for (p, paths), hung in zip(procs, killed[name])]
+                arg, extra = self.variants[name]
+                elapsed = ended_at.get(name, time.monotonic()) - self.started_at
+                out[name] = {"arg": arg, "env": extra, "elapsed_s": round(elapsed, 1),
+                             **classify(ranks, self.timeout_s)}
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._result = {"world_size": self.world_size, "timeout_s": self.timeout_s, "variants": out}
+        return self._result
+
+
+def start(script, variants: dict, *, world_size: int = 2, timeout_s: float = 60.0,
+          env: dict | None = None) -> Runs:
+    """Start every variant of ``script`` now, ``world_size`` processes each; returns at once.
+
+    Args:
+        script: path of the reproducer.
+        variants: ``{name: (argument, extra environment)}``; the argument is the script's ``sys.argv[1]``.
+        timeout_s: from now until ``wait`` kills what is still running (only a rank whose host is
+            blocked should ever reach it: the script itself reports a hang).
+        env: extra environment for every variant (e.g. ``{"NCCL_DEBUG": "WARN"}``).
+
+    Raises:
+        ValueError: no variants, a world size below 2, or a timeout that is not positive.
+        FileNotFoundError: no such script.
+    """
+    if not variants:
+        raise ValueError("no variants to run. HINT: pass {name: (argument, {ENV: value})}.")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size must be an int >= 2 (a point-to-point exchange needs a peer), got {world_size!r}.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    if not Path(script).is_file():
+        raise FileNotFoundError(f"no reproducer at {script}. HINT: run the cell that writes it first.")
+    return Runs(script, variants, world_size, timeout_s, dict(env or {}))
+
+
+def _signal_name(rc) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except (ValueError, TypeError):
+        return f"signal {-rc}"
+
+
+def _error_line(text: str) -> str:
+    """The most telling line of a crashed rank's output (see ``_ERROR_PATTERNS``), shortened."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for pattern in _ERROR_PATTERNS:
+        for ln in lines:
+            m = re.search(pattern, ln)
+            if m:
+                return ln[max(0, m.start() - 60): m.start() + 160].strip()
+    return lines[-1][:200] if lines else ""
+
+
+def _steps(stdout: str) -> list[str]:
+    return [ln.split(":", 1)[1].strip() if ln.startswith("rank ") and ":" in ln else ln.strip()
+            for ln in stdout.splitlines() if ln.strip()]
+
+
+def classify(ranks: list[dict], timeout_s: float) -> dict:
+    """What happened to one variant, from each rank's ``{"rc", "killed", "stdout", "stderr"}``.
+
+    A rank COMPLETED if it printed a COMPLETED line and exited 0; it HANG if it printed a HANG line (its
+    host was free to see that the GPU never finished) or was still running at the timeout (its host was
+    blocked); anything else is a CRASH. The variant is a CRASH if any rank crashed (a crash comes first:
+    its peer is then left waiting), else a HANG if any rank hung, else COMPLETED.
+
+    Returns:
+        ``{"status", "evidence", "nccl_warning", "ranks": [{"outcome", "steps", "rc"}]}``; ``evidence`` is
+        the line that decides the status, ``nccl_warning`` NCCL's own ``NCCL WARN`` line if any rank printed
+        one ('' otherwise).
+    """
+    per_rank, evidence = [], {CRASH: "", HANG: "", COMPLETED: ""}
+    warning = ""
+    for r, info in enumerate(ranks):
+        steps = _steps(info.get("stdout", ""))
+        text = info.get("stdout", "") + "\n" + info.get("stderr", "")
+        warn = next((ln.strip() for ln in info.get("stderr", "").splitlines() if "NCCL WARN" in ln), "")
+        warning = warning or warn[warn.find("NCCL WARN"):][:200]
+        rc, hung_line = info.get("rc"), next((s for s in steps if s.startswith(HANG)), "")
+        if rc == 0 and any(s.startswith(COMPLETED) for s in steps):
+            outcome, why = COMPLETED, f"rank {r}: {steps[-1]}"
+        elif hung_line:
+            outcome, why = HANG, f"rank {r}: {hung_line}"
+        elif info.get("killed"):
+            last = steps[-1] if steps else "before its first step"
+            outcome, why = HANG, f"rank {r}: still running at the {timeout_s:g} s timeout (host blocked) after: {last}"
+        else:
+            ended = f"killed by {_signal_name(rc)}" if rc is not None and rc < 0 else f"exit code {rc}"
+            outcome, why = CRASH, f"rank {r} ({ended}): {_error_line(text)}"
+        evidence[outcome] = evidence[outcome] or why
+        per_rank.append({"outcome": outcome, "steps": steps, "rc": rc})
+    outcomes = {p["outcome"] for p in per_rank}
+    status = CRASH if CRASH in outcomes else HANG if HANG in outcomes else COMPLETED
+    return {"status": status, "evidence": evidence[status], "nccl_warning": warning, "ranks": per_rank}
+
+
+def table(result: dict):
+    """``wait()``'s result (live or recorded) as a DataFrame: one row per variant -- its outcome, the line
+    that decided it, NCCL's own warning, and how far rank 0 got."""
+    import pandas as pd
+    rows = {name: {"outcome": v["status"], "evidence": v["evidence"], "NCCL WARN": v.get("nccl_warning", ""),
+                   "rank 0's steps": " -> ".join(v["ranks"][0]["steps"]) if v.get("ranks") else "",
+                   "seconds": v.get("elapsed_s")}
+            for name, v in result["variants"].items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def leftover_processes(script) -> list:
+    """Processes below this one still running ``script`` (``[]`` once ``wait`` has returned)."""
+    import psutil
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if str(script) in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
