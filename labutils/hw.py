@@ -1,7 +1,13 @@
 """Describe the machine: mode, GPUs, how they are linked, software versions, and a fingerprint.
 
-``describe()`` gathers; the ``parse_*`` functions are pure (unit-tested on recorded
-``nvidia-smi`` output) so the logic does not need a GPU to be checked.
+``describe()`` gathers; the ``parse_*`` and ``summarize_*`` functions are pure (unit-tested on
+recorded ``nvidia-smi`` / NVML output) so the logic does not need a GPU to be checked.
+
+Two NVLink peaks per GPU and direction: ``link_peak_gbps`` sums the per-link *line rates*
+``nvidia-smi nvlink -s`` prints (raw signalling, coding bits included: a ceiling no payload reaches;
+the labs draw it as "NVLink peak"); ``link_data_peak_gbps`` is links x the datasheet *data rate* per
+link of the NVLink version NVML reports (25 GB/s for NVLink 2-4, 50 for NVLink 5), the ceiling a copy
+can approach. ``nvlinks`` says what the links end at (NVML): ``GPU`` (direct) or ``NVSwitch``.
 
 Modes (what the labs do with them):
 
@@ -71,6 +77,68 @@ def parse_nvlink_speeds(text: str) -> dict[int, list[float]]:
     return speeds
 
 
+# NVML enums (nvml.h): nvmlNvLinkDeviceType of the remote end, and nvmlNvlinkVersion_t.
+NVLINK_REMOTE = {0: "GPU", 1: "IBM NPU", 2: "NVSwitch", 255: "unknown"}
+NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0"}
+# Data rate of one link, per direction, GB/s (NVIDIA datasheets: P100, V100, A100, H100/H200, B200).
+NVLINK_DATA_GBPS = {"1.0": 20.0, "2.0": 25.0, "2.2": 25.0, "3.0": 25.0, "3.1": 25.0, "4.0": 25.0, "5.0": 50.0}
+
+
+def summarize_nvlinks(links: list[tuple[int, int]], hopper: bool = False) -> dict:
+    """What a GPU's active NVLinks end at, from NVML codes ``[(remote_type, version), ...]``.
+
+    Returns ``{"links": n, "remote": {"NVSwitch": n, ...}, "version": "4.0" | None}``. Some drivers
+    report NVLink 5.0 for Hopper GPUs, whose links are NVLink 4 (``hopper=True`` corrects that).
+    """
+    remote: dict[str, int] = {}
+    for code, _ in links:
+        name = NVLINK_REMOTE.get(code, f"type {code}")
+        remote[name] = remote.get(name, 0) + 1
+    versions = {NVLINK_VERSIONS.get(v) for _, v in links}
+    version = versions.pop() if len(versions) == 1 else None
+    if hopper and version == "5.0":
+        version = "4.0"
+    return {"links": len(links), "remote": remote, "version": version}
+
+
+def nvml_nvlinks(n_gpus: int) -> dict[int, dict]:
+    """``{gpu: summarize_nvlinks(...)}`` for GPUs ``0 .. n_gpus-1`` (NVML's index order) with at least
+    one active link, read through ``pynvml`` (package nvidia-ml-py). ``{}`` when NVML, the driver or
+    the package is missing: callers treat the remote ends as unknown."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no package, no driver, no NVML: nothing to report
+        return {}
+    out = {}
+    try:
+        for i in range(n_gpus):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                hopper = pynvml.nvmlDeviceGetArchitecture(handle) == getattr(pynvml, "NVML_DEVICE_ARCH_HOPPER", 9)
+            except Exception:  # noqa: BLE001 - old driver: no architecture query
+                hopper = False
+            links = []
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(handle, link) != 1:  # NVML_FEATURE_ENABLED
+                        continue
+                    links.append((int(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)),
+                                  int(pynvml.nvmlDeviceGetNvLinkVersion(handle, link))))
+                except Exception:  # noqa: BLE001 - no such link, or not supported on this GPU
+                    continue
+            if links:
+                out[i] = summarize_nvlinks(links, hopper=hopper)
+    except Exception:  # noqa: BLE001 - a driver that answers some queries and not others
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
 # GT/s per lane and line-code efficiency by PCIe generation (PCI-SIG base specifications).
 _PCIE_GTS = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130),
              5: (32.0, 128 / 130), 6: (64.0, 242 / 256)}
@@ -130,12 +198,27 @@ class HardwareInfo:
     driver_version: str
     python_version: str
     cpu_count: int
+    nvlinks: dict = dataclasses.field(default_factory=dict)  # {gpu: summarize_nvlinks(...)}, from NVML
 
     @property
     def link_peak_gbps(self) -> float | None:
-        """Per-direction NVLink peak of GPU 0 (sum of its active links, GB/s), None if unknown."""
+        """Per-direction NVLink *line rate* of GPU 0: the sum of the per-link rates ``nvidia-smi nvlink
+        -s`` reports (GB/s), a ceiling no payload reaches; None if unknown."""
         v = self.nvlink_gbps.get(0)
         return round(sum(v), 1) if v else None
+
+    @property
+    def link_data_peak_gbps(self) -> float | None:
+        """Per-direction NVLink *data rate* of GPU 0: its active links x the datasheet rate per link of
+        the NVLink version NVML reports (GB/s); None if NVML or the version is unknown."""
+        info = self.nvlinks.get(0, {})
+        rate = NVLINK_DATA_GBPS.get(info.get("version"))
+        return round(info["links"] * rate, 1) if rate and info.get("links") else None
+
+    @property
+    def nvlink_remote(self) -> dict:
+        """What GPU 0's active NVLinks end at, ``{"NVSwitch": 18}`` or ``{"GPU": 4}``; ``{}`` if unknown."""
+        return dict(self.nvlinks.get(0, {}).get("remote", {}))
 
     @property
     def pcie_peak_gbps(self) -> float | None:
@@ -173,10 +256,17 @@ class HardwareInfo:
             if i < j:
                 peer = self.peer_access.get((i, j))
                 rows.append((f"link GPU{i}-GPU{j}", f"{code} (peer access: {peer})"))
+        if self.nvlink_remote:
+            ends = ", ".join(f"{n} to {kind}" for kind, n in self.nvlink_remote.items())
+            version = self.nvlinks[0].get("version")
+            rows.append(("NVLinks of GPU 0", f"{ends}" + (f" (NVLink {version})" if version else "")))
         if self.link_peak_gbps:
             n = len(self.nvlink_gbps.get(0, []))
-            rows.append(("NVLink peak per GPU", f"{self.link_peak_gbps} GB/s per direction "
-                         f"({n} links x {self.nvlink_gbps[0][0]} GB/s)"))
+            rows.append(("NVLink line rate per GPU", f"{self.link_peak_gbps} GB/s per direction "
+                         f"({n} links x {self.nvlink_gbps[0][0]} GB/s, nvidia-smi)"))
+        if self.link_data_peak_gbps:
+            rows.append(("NVLink data rate per GPU", f"{self.link_data_peak_gbps} GB/s per direction "
+                         f"(datasheet: {NVLINK_DATA_GBPS[self.nvlinks[0]['version']]:g} GB/s per link)"))
         if self.pcie_peak_gbps:
             gen, width = self.pcie[0]
             rows.append(("PCIe (host link)", f"Gen{gen} x{width}: {self.pcie_peak_gbps} GB/s per direction"))
@@ -222,6 +312,7 @@ def describe(peer_access: bool = True) -> HardwareInfo:
     nvlink = parse_nvlink_speeds(_run(["nvidia-smi", "nvlink", "-s"])) if n >= 1 else {}
     pcie = parse_pcie(_run(["nvidia-smi", "--query-gpu=index,pcie.link.gen.max,pcie.link.width.max",
                             "--format=csv,noheader"])) if n >= 1 else {}
+    nvlinks = nvml_nvlinks(n) if n >= 1 else {}
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).strip()
     nccl = ""
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
@@ -235,4 +326,4 @@ def describe(peer_access: bool = True) -> HardwareInfo:
         nvlink_gbps={k: v for k, v in nvlink.items() if v}, pcie=pcie,
         torch_version=torch.__version__, cuda_version=torch.version.cuda or "none",
         nccl_version=nccl or "none", driver_version=driver.splitlines()[0] if driver else "none",
-        python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0)
+        python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0, nvlinks=nvlinks)

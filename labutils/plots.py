@@ -54,7 +54,8 @@ def _prediction(ax, prediction, label="your prediction") -> None:
 def bandwidth_plot(size_bytes: Sequence[float], series_gbps: Mapping[str, Sequence[float]], *,
                    fits: Mapping[str, object] | None = None, peak_gbps: float | None = None,
                    peak_label: str = "link peak", prediction=None, title: str = "",
-                   ylabel: str = "bandwidth (GB/s)", logy: bool = False) -> Figure:
+                   ylabel: str = "bandwidth (GB/s)", logy: bool = False,
+                   peaks: Mapping[str, float | None] | None = None) -> Figure:
     """Bandwidth vs message size.
 
     Args:
@@ -63,6 +64,7 @@ def bandwidth_plot(size_bytes: Sequence[float], series_gbps: Mapping[str, Sequen
         fits: label -> object with ``predict_gbps(size)`` (e.g. ``bandwidth.AlphaBeta``), dashed.
         peak_gbps: hardware peak drawn as a dotted line.
         prediction: ``(size_bytes, gbps)`` or a list of them, drawn as red stars.
+        peaks: more hardware ceilings, label -> GB/s (None values are skipped), drawn as dash-dot lines.
     """
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
@@ -73,6 +75,9 @@ def bandwidth_plot(size_bytes: Sequence[float], series_gbps: Mapping[str, Sequen
         ax.plot(xs, [fit.predict_gbps(s) for s in xs], "--", label=f"fit {label}: {fit}")
     if peak_gbps:
         ax.axhline(peak_gbps, linestyle=":", color="k", label=f"{peak_label} {peak_gbps:.0f} GB/s")
+    for (label, gbps), color in zip((peaks or {}).items(), ("0.45", "tab:brown", "tab:olive")):
+        if gbps:
+            ax.axhline(gbps, linestyle="-.", color=color, label=f"{label} {gbps:.0f} GB/s")
     _prediction(ax, prediction)
     _size_axis(ax)
     if logy:

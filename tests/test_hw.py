@@ -75,3 +75,30 @@ def test_detect_mode_and_describe_here():
     assert [hw.detect_mode(n) for n in (0, 1, 2, 8)] == ["cpu", "single-gpu", "multi-gpu", "multi-gpu"]
     info = hw.describe()
     assert info.mode in hw.MODES and info.torch_version and info.fingerprint()
+
+
+def test_summarize_nvlinks_names_the_remote_ends_and_the_version():
+    assert hw.summarize_nvlinks([(2, 6)] * 18) == {"links": 18, "remote": {"NVSwitch": 18}, "version": "4.0"}
+    mixed = hw.summarize_nvlinks([(0, 4)] * 2 + [(2, 5)] * 2 + [(7, 4)])
+    assert mixed == {"links": 5, "remote": {"GPU": 2, "NVSwitch": 2, "type 7": 1}, "version": None}
+    assert hw.summarize_nvlinks([(2, 7)], hopper=True)["version"] == "4.0"    # Hopper reported as NVLink 5
+    assert hw.summarize_nvlinks([(2, 7)])["version"] == "5.0"
+    assert hw.summarize_nvlinks([]) == {"links": 0, "remote": {}, "version": None}
+
+
+def test_link_data_peak_and_remote_ends():
+    info = _info(nvlinks={0: hw.summarize_nvlinks([(2, 6)] * 18)})
+    assert info.link_data_peak_gbps == 450.0 and info.link_peak_gbps == 478.1   # data rate < line rate
+    assert info.nvlink_remote == {"NVSwitch": 18}
+    text = str(info)
+    assert "18 to NVSwitch (NVLink 4.0)" in text and "NVLink data rate per GPU" in text
+    assert _info(nvlinks={0: hw.summarize_nvlinks([(0, 7)] * 18)}).link_data_peak_gbps == 900.0
+    unknown = _info()                                   # no NVML: no data rate, no remote ends
+    assert unknown.link_data_peak_gbps is None and unknown.nvlink_remote == {}
+    assert _info(nvlinks={0: hw.summarize_nvlinks([(2, 99)])}).link_data_peak_gbps is None
+
+
+def test_nvml_nvlinks_is_empty_without_nvml(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "pynvml", None)   # import fails, as on a machine without the package
+    assert hw.nvml_nvlinks(2) == {}

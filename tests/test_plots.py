@@ -17,6 +17,14 @@ def test_bandwidth_plot_has_series_fit_peak_and_prediction():
     assert ax.get_xscale() == "log"
 
 
+def test_bandwidth_plot_draws_more_peaks_and_skips_unknown_ones():
+    fig = plots.bandwidth_plot([1024, 2048], {"a": [1.0, 2.0]}, peak_gbps=478.1, peak_label="line rate",
+                               peaks={"data rate": 450.0, "PCIe": None})
+    labels = [l.get_label() for l in fig.axes[0].get_lines()]
+    assert "line rate 478 GB/s" in labels and "data rate 450 GB/s" in labels
+    assert not any(l.startswith("PCIe") for l in labels)
+
+
 def test_time_line_bar_timeline():
     figs = [plots.time_plot([1, 2, 4], {"x": [1, 2, 3]}, prediction=(2, 1.5)),
             plots.line_plot([1, 2], {"m": [1, 2], "model": [1, 2]}, xlabel="x", ylabel="y", dashed=["model"],
