@@ -1,9 +1,9 @@
 """Lab 00's measurements: copy bandwidth of one process (host<->device, on one device, GPU to GPU)
-and what starting a process costs.
+and what joins the GPUs.
 
     from labutils.labs.lab00_setup import measure
     data = measure.measure_local([2**k for k in range(12, 31, 2)])   # needs 1 GPU
-    data = measure.measure_peer([2**k for k in range(12, 31, 2)])    # needs 2 GPUs
+    data = measure.measure_peer([2**k for k in range(12, 31, 2)])    # needs 2 GPUs; + "topology"
 
 Bandwidth here is *bytes copied / time* (what ``algbw`` means for a copy). A device-to-device copy
 on one GPU reads and writes every byte, so its memory traffic is twice that figure.
@@ -12,13 +12,11 @@ for large sizes so the whole sweep stays short.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from typing import Sequence
 
 from ... import timing
 from ...bandwidth import algbw_gbps, fit_alpha_beta
+from ...hw import HardwareInfo, describe
 
 
 def repeats_for(size_bytes: int) -> int:
@@ -38,11 +36,11 @@ def _buffers(kind: str, size_bytes: int):
     import torch
     n = size_bytes
     if kind == "H2D pinned":
-        return torch.empty(n, dtype=torch.uint8, device="cuda:0"), torch.empty(n, dtype=torch.uint8).pin_memory()
+        return torch.empty(n, dtype=torch.uint8, device="cuda:0"), torch.empty(n, dtype=torch.uint8, pin_memory=True)
     if kind == "H2D pageable":
         return torch.empty(n, dtype=torch.uint8, device="cuda:0"), torch.empty(n, dtype=torch.uint8)
     if kind == "D2H pinned":
-        return torch.empty(n, dtype=torch.uint8).pin_memory(), torch.empty(n, dtype=torch.uint8, device="cuda:0")
+        return torch.empty(n, dtype=torch.uint8, pin_memory=True), torch.empty(n, dtype=torch.uint8, device="cuda:0")
     if kind == "D2D (cuda:0)":
         return torch.empty(n, dtype=torch.uint8, device="cuda:0"), torch.empty(n, dtype=torch.uint8, device="cuda:0")
     if kind == "cuda:0 -> cuda:1":
@@ -83,25 +81,45 @@ def measure_local(sizes: Sequence[int]) -> dict:
     return sweep(LOCAL_KINDS, sizes)
 
 
-def measure_peer(sizes: Sequence[int]) -> dict:
-    """GPU0<->GPU1 copies (needs 2 GPUs; peer access is used when available). The fit of
-    ``cuda:0 -> cuda:1`` is also stored as ``fits["gpu0->gpu1"]`` for later labs."""
+def topology(info: HardwareInfo) -> dict:
+    """What joins GPU 0 and GPU 1, as JSON data (stored with the GPU-to-GPU sweep, so that a machine
+    without GPUs shows the reference machine's): the ``nvidia-smi topo -m`` code, peer access, GPU 0's
+    NVLinks (how many, what they end at, NVLink version, nvidia-smi's per-link line rate) and the two
+    NVLink peaks of ``hw`` (line rate, datasheet data rate), plus the PCIe ceiling of the host link.
+    Unknown values are None; ``nvlink_remote`` is ``{}`` without NVML."""
+    line = info.nvlink_gbps.get(0, [])
+    return {"link": info.links.get((0, 1)), "peer_access": info.peer_access.get((0, 1)),
+            "nvlinks": len(line) or None, "nvlink_remote": info.nvlink_remote,
+            "nvlink_version": info.nvlinks.get(0, {}).get("version"),
+            "line_gbps_per_link": line[0] if line else None,
+            "link_peak_gbps": info.link_peak_gbps, "link_data_peak_gbps": info.link_data_peak_gbps,
+            "pcie_peak_gbps": info.pcie_peak_gbps}
+
+
+def topology_rows(topo: dict) -> dict:
+    """``topology()`` data as ``{field: text}`` for a table a learner reads."""
+    remote = topo.get("nvlink_remote") or {}
+    ends = ", ".join(f"{n} to {kind}" for kind, n in remote.items()) or "unknown (needs NVML: nvidia-ml-py)"
+
+    def gbps(key, what):
+        return f"{topo[key]:g} GB/s per direction ({what})" if topo.get(key) else "unknown"
+    return {"nvidia-smi topo -m, GPU0-GPU1": topo.get("link") or "no GPU pair",
+            "peer access (GPU0 -> GPU1)": str(topo.get("peer_access")),
+            "GPU 0's active NVLinks": str(topo.get("nvlinks") or 0),
+            "where they end (NVML)": ends,
+            "NVLink version (NVML)": topo.get("nvlink_version") or "unknown",
+            "NVLink line rate": gbps("link_peak_gbps", f"nvidia-smi: {topo.get('line_gbps_per_link')} per link"),
+            "NVLink data rate": gbps("link_data_peak_gbps", "datasheet rate per link x links"),
+            "PCIe host link": gbps("pcie_peak_gbps", "payload ceiling of its generation and width")}
+
+
+def measure_peer(sizes: Sequence[int], info: HardwareInfo | None = None) -> dict:
+    """GPU0<->GPU1 copies (needs 2 GPUs; peer access is used when available), and ``topology(info)``
+    (default: ``hw.describe()``). The fit of ``cuda:0 -> cuda:1`` is also stored as
+    ``fits["gpu0->gpu1"]`` for later labs."""
     import torch
     out = sweep(PEER_KINDS, sizes)
     out["fits"]["gpu0->gpu1"] = out["fits"]["cuda:0 -> cuda:1"]
     out["peer_access"] = bool(torch.cuda.can_device_access_peer(0, 1))
+    out["topology"] = topology(info or describe())
     return out
-
-
-def process_start_s(world_size: int, repeats: int = 3) -> dict:
-    """Wall time of starting ``world_size`` bare ``python -c 'import torch'`` processes in parallel
-    (median of ``repeats``): the floor under any one-shot launch."""
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ps = [subprocess.Popen([sys.executable, "-c", "import torch, torch.distributed"])
-              for _ in range(world_size)]
-        for p in ps:
-            p.wait()
-        samples.append(time.perf_counter() - t0)
-    return {"bare_start_s": sorted(samples)[len(samples) // 2], "samples_s": samples}
