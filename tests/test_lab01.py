@@ -1,6 +1,7 @@
 """Lab 01 (torch.cuda.comm) on the CPU: the API examples and their references, the stand-in, the
 measurement code paths (run on ``devices.cpu_standin()``), the pure analysis (fits, kernel
-names, claims), the exercise checkers, and -- when they exist -- the recordings from 2xH200.
+names), every verdict on both sides of its threshold, the exercise checkers, and -- when they
+exist -- the recordings from 2xH200.
 
 Run: pytest tests/test_lab01.py -q     (a few seconds; the GPU versions are in tests/gpu/)
 """
@@ -17,6 +18,7 @@ import torch
 
 from labutils import bandwidth, recorded
 from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
+from labutils.labs.lab01_cuda_comm import claims as lab_claims
 from labutils.checks import ExerciseError
 from labutils.checks import lab01 as check
 from labutils.solutions import lab01 as solutions
@@ -61,7 +63,8 @@ def test_importing_lab01_modules_does_not_import_torch_cuda_comm():
     submodule by labutils before that cell would make it lie."""
     code = ("import sys, torch, labutils, labutils.labs.lab01_cuda_comm.devices, "
             "labutils.labs.lab01_cuda_comm.verify, labutils.labs.lab01_cuda_comm.measure, "
-            "labutils.labs.lab01_cuda_comm.analysis, labutils.checks.lab01, labutils.hw, labutils.plots, "
+            "labutils.labs.lab01_cuda_comm.analysis, labutils.labs.lab01_cuda_comm.claims, labutils.checks.lab01, "
+            "labutils.hw, labutils.plots, "
             "labutils.recorded; print('torch.cuda.comm' in sys.modules, hasattr(torch.cuda, 'comm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -126,7 +129,7 @@ def test_gpu_setup_without_gpus_says_what_to_do():
 def test_one_device_examples_and_dtype_rules_run_on_the_standin():
     assert all(verify.one_device_examples(devices.cpu_standin(1)).values())
     rules = verify.dtype_rules(devices.cpu_standin(2))
-    assert "reduce_add fp32 (GPU 0) + fp16 (GPU 1)" in rules  # the key analysis.claims reads
+    assert "reduce_add fp32 (GPU 0) + fp16 (GPU 1)" in rules  # a case claims.dtype_verdicts reads
     assert all(set(r) == {"path", "outcome"} for r in rules.values())
     assert rules["reduce_add fp32 + fp16, both on GPU 0"]["outcome"].startswith("returns torch.float32")
 
@@ -161,6 +164,7 @@ def test_sweep_dtype_many_redundant_return_json_data_of_the_expected_shape():
     assert dt["numel"] == 1 << 12 and dt["bytes"]["reduce_add fp16 (NCCL)"] == 2 << 12
     many = measure.many_small(setup, total_bytes=1 << 14, counts=(1, 4))
     assert len(many["loop"]) == len(many["coalesced"]) == 2
+    assert many["host_steps"]["count"] == 4 and len(many["host_steps"]["steps"]) == 2
     red = measure.redundant(setup, sizes_bytes=(1 << 10, 1 << 12))
     assert all(len(v) == 2 for v in red["cases"].values())
     for data in (sw, dt, many, red):
@@ -247,35 +251,168 @@ def test_fits_recover_alpha_and_beta():
     assert analysis.algbw(sweep, "x.to(peer)")[-1] == pytest.approx(bandwidth.algbw_gbps(1 << 30, _ab([1 << 30], 10, 390)[0]))
 
 
-def test_claims_verdicts_follow_the_numbers():
-    rows = analysis.claims(*_synthetic(), link_peak_gbps=478.0)
-    assert [r["claim"] for r in rows] == list(analysis.CLAIMS)
-    assert [r["verdict"] for r in rows] == ["TRUE, up to a point", "FALSE as stated", "TRUE", "TRUE"]
-    assert "% of the 478 GB/s link" in rows[0]["evidence"] and "100x less" in rows[2]["evidence"]
-    assert "2.0x one nccl.all_reduce" in rows[3]["evidence"]
-    flat = analysis.claims(*_synthetic(loop_ms=0.06, rb_ms=0.2, raises=False))
-    assert [r["verdict"] for r in flat][1:] == ["IT DEPENDS", "IT DEPENDS", "IT DEPENDS"]
-    head = analysis.headline(_synthetic()[0], _synthetic()[3])
-    assert head["peak_broadcast_size"] == 1 << 30 and head["loop_over_coalesced"] == pytest.approx(100.0)
+def _verdicts(*verdict_lists) -> dict:
+    return {v.claim: v.verdict for vs in verdict_lists for v in vs}
 
 
-def test_markdown_table_escapes_pipes():
-    table = analysis.markdown_table([{"claim": "a|b", "verdict": "TRUE", "evidence": "x"}])
-    assert table.splitlines()[2] == "| a\\|b | **TRUE** | x |"
+def _one(verdicts: dict, words: str) -> str:
+    found = [v for c, v in verdicts.items() if words in c]
+    assert len(found) == 1, (words, list(verdicts))
+    return found[0]
+
+
+def _scale(sweep, op, factor, from_size=0):
+    sweep["ops"][op]["median_ms"] = [t * (factor if s >= from_size else 1.0)
+                                     for s, t in zip(sweep["sizes"], sweep["ops"][op]["median_ms"])]
+
+
+def test_tip1_verdicts_on_both_sides():
+    sweep = _synthetic()[0]
+    v = _verdicts(lab_claims.tip1_verdicts(sweep))
+    assert _one(v, "tip 1") == "TRUE" and _one(v, "a few MiB") == "FALSE" and _one(v, "one alpha") == "TRUE"
+    flat = _synthetic(bcast_beta=350.0)[0]                   # latency-free: every size at beta, no gain
+    flat["ops"]["comm.broadcast"]["median_ms"] = [s / 350e6 for s in flat["sizes"]]
+    v = _verdicts(lab_claims.tip1_verdicts(flat))
+    assert _one(v, "tip 1") == "FALSE" and _one(v, "a few MiB") == "TRUE"
+    bent = _synthetic()[0]                                   # slower in the middle: no single line fits
+    _scale(bent, "comm.broadcast", 3.0, from_size=1 << 20)
+    _scale(bent, "comm.broadcast", 1 / 3.0, from_size=1 << 27)
+    assert _one(_verdicts(lab_claims.tip1_verdicts(bent)), "one alpha") == "FALSE"
+
+
+def test_shrink_verdicts_at_large_and_small_sizes():
+    v = _verdicts(lab_claims.shrink_verdicts(_synthetic()[0]))
+    assert _one(v, "at 1 GiB") == "TRUE" and _one(v, "at 4 KiB") == "FALSE"   # alpha-bound when small
+    no_latency = _synthetic()[0]
+    no_latency["ops"]["comm.broadcast"]["median_ms"] = [s / 350e6 for s in no_latency["sizes"]]
+    assert _one(_verdicts(lab_claims.shrink_verdicts(no_latency)), "at 4 KiB") == "TRUE"
+    slow_big = _synthetic()[0]
+    _scale(slow_big, "comm.broadcast", 0.5, from_size=1 << 30)                # 4x the bytes in 2x the time
+    assert _one(_verdicts(lab_claims.shrink_verdicts(slow_big)), "at 1 GiB") == "FALSE"
+
+
+def test_peer_copy_verdict_needs_two_devices_and_follows_the_ratio():
+    sweep = _synthetic()[0]
+    assert _one(_verdicts(lab_claims.peer_copy_verdicts(sweep)), "peer copy") == "TRUE"   # x.to faster
+    _scale(sweep, "x.to(peer)", 2.0)
+    assert _one(_verdicts(lab_claims.peer_copy_verdicts(sweep)), "peer copy") == "FALSE"
+    assert lab_claims.peer_copy_verdicts(dict(sweep, n_devices=3)) == []
+
+
+def _api(raises=True):
+    outcome = "raises RuntimeError: all inputs..." if raises else "returns torch.float32 [1.0]"
+    return {"rules": {"reduce_add fp32 (GPU 0) + fp16 (GPU 1)": {"path": "NCCL", "outcome": outcome},
+                      "reduce_add fp32 + fp16, both on GPU 0": {"path": "fallback (copies)",
+                                                                "outcome": "returns torch.float32 [1.0]"}}}
+
+
+def test_dtype_verdicts_on_both_sides():
+    dtypes = _synthetic()[1]
+    v = _verdicts(lab_claims.dtype_verdicts(_api(), dtypes))
+    assert _one(v, "converts them") == "FALSE" and _one(v, "slows the call") == "FALSE"
+    assert _one(v, "a cast costs") == "TRUE" and _one(v, "half the bytes") == "TRUE"
+    assert _one(_verdicts(lab_claims.dtype_verdicts(_api(raises=False), dtypes)), "converts them") == "TRUE"
+    slow = {"numel": dtypes["numel"], "cases": dict(dtypes["cases"])}
+    slow["cases"].update({"fallback fp32 + fp16 (non-contiguous, converts)": {"median_ms": 0.5},
+                          "cast fp16 -> fp32 alone (GPU 1)": {"median_ms": 0.15},
+                          "reduce_add fp16 (NCCL)": {"median_ms": 0.19}})
+    v = _verdicts(lab_claims.dtype_verdicts(_api(), slow))
+    assert _one(v, "slows the call") == "TRUE" and _one(v, "a cast costs") == "FALSE"
+    assert _one(v, "half the bytes") == "FALSE"
+
+
+def test_many_verdicts_on_both_sides():
+    many = _synthetic()[3]
+    v = _verdicts(lab_claims.many_verdicts(many))
+    assert _one(v, "tip 3") == "TRUE" and _one(v, "faster than a loop") == "TRUE"
+    assert _one(v, "does the work for you") == "FALSE"           # 1.2 ms vs 0.05 ms: 24x
+    assert not any("host" in c for c in v)                       # no host steps recorded: no line
+
+
+def test_many_verdicts_host_steps_and_coalesced_like_flat():
+    t = lambda ms: {"median_ms": ms}  # noqa: E731
+    many = {"total_bytes": 16 << 20, "counts": [1, 4096], "loop": [t(0.05), t(120.0)],
+            "coalesced": [t(0.06), t(15.0)], "flat": t(0.07),
+            "host_steps": {"count": 4096, "steps": {"flatten": t(4.0), "unflatten": t(8.0)}}}
+    v = _verdicts(lab_claims.many_verdicts(many))
+    assert _one(v, "does the work for you") == "FALSE" and _one(v, "on the host") == "TRUE"
+    many["host_steps"]["steps"] = {"flatten": t(1.0), "unflatten": t(2.0)}
+    assert _one(_verdicts(lab_claims.many_verdicts(many)), "on the host") == "FALSE"
+    many.update(coalesced=[t(0.06), t(0.1)], loop=[t(0.05), t(0.15)])
+    v = _verdicts(lab_claims.many_verdicts(many))
+    assert _one(v, "does the work for you") == "TRUE" and _one(v, "faster than a loop") == "FALSE"
+    assert _one(v, "tip 3") == "TRUE"                             # 0.15 vs 0.07 ms
+    many["loop"] = [t(0.05), t(0.1)]
+    assert _one(_verdicts(lab_claims.many_verdicts(many)), "tip 3") == "FALSE"
+
+
+def _profile(nccl_kernels: int) -> dict:
+    kernels = [{"kind": "local copy", "count": 1}, {"kind": "peer copy", "count": 1}]
+    kernels += [{"kind": "nccl", "count": nccl_kernels}] if nccl_kernels else []
+    return {"ops": {"comm.broadcast(out=) incl. source GPU": kernels}}
+
+
+def test_redundant_verdicts_on_both_sides():
+    red = _synthetic()[4]
+    v = _verdicts(lab_claims.redundant_verdicts(red, _profile(0)))
+    assert _one(v, "tip 4") == "TRUE" and _one(v, "listing the source") == "FALSE"
+    assert _one(v, "switches NCCL off") == "TRUE"
+    assert _one(v, "slower, at 64 KiB") == "FALSE" and _one(v, "slower, at 64 MiB") == "FALSE"  # 1.0x, 1.05x
+    assert _one(_verdicts(lab_claims.redundant_verdicts(red, _profile(2))), "switches NCCL off") == "FALSE"
+    t = lambda ms: {"median_ms": ms}  # noqa: E731
+    red["cases"]["broadcast(out=) incl. one on the source GPU"] = [t(0.04), t(0.3)]
+    red["cases"]["broadcast to all GPUs (source included)"] = [t(0.03), t(0.3)]
+    red["cases"]["reduce_add + broadcast"] = [t(0.03), t(0.21)]
+    v = _verdicts(lab_claims.redundant_verdicts(red, _profile(0)))
+    assert _one(v, "slower, at 64 KiB") == "TRUE" and _one(v, "slower, at 64 MiB") == "TRUE"
+    assert _one(v, "listing the source") == "TRUE" and _one(v, "tip 4") == "FALSE"
+
+
+def test_claims_table_covers_every_recording_key():
+    assert set(lab_claims.CLAIMS) == {"01_bandwidth_sweep", ("01_api_examples", "01_dtype_costs"),
+                                      "01_many_small", ("01_redundant", "01_profile")}
+
+
+def test_quiet_profiler_log_keeps_a_level_the_user_set(monkeypatch):
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    measure.quiet_profiler_log()
+    import os
+    assert os.environ["KINETO_LOG_LEVEL"] == "6"
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "2")
+    measure.quiet_profiler_log()
+    assert os.environ["KINETO_LOG_LEVEL"] == "2"
 
 
 # ---- exercises ------------------------------------------------------------------------------------
-def test_predict_time_checker(capsys):
-    fit = bandwidth.AlphaBeta(20.0, 400.0, 0.0)
-    assert check.predict_time(solutions.predict_time_ms, fit) == pytest.approx(fit.predict_ms(256 << 20))
-    assert check.predict_time(_stub) is None
+def test_flat_views_checker(capsys):
+    assert check.flat_views(solutions.flat_views) is solutions.flat_views
+    assert check.flat_views(_stub) is solutions.flat_views                      # not attempted: reference
     assert "not attempted" in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="factor of 1000"):
-        check.predict_time(lambda a, b, s: a + s / (b * 1e6))            # alpha left in us
-    with pytest.raises(ExerciseError, match="HINT"):
-        check.predict_time(lambda a, b, s: s / (b * 1e6))                # no alpha
-    with pytest.raises(ExerciseError, match="not a number"):
-        check.predict_time(lambda a, b, s: "fast")
+
+    def copies(ts):                                                             # right values, but copies
+        flat = torch.cat([t.reshape(-1) for t in ts])
+        return flat, [t.clone() for t in ts]
+    with pytest.raises(ExerciseError, match="is a copy, not a view"):
+        check.flat_views(copies)
+    with pytest.raises(ExerciseError, match="not a pair"):
+        check.flat_views(lambda ts: torch.cat([t.reshape(-1) for t in ts]))
+    with pytest.raises(ExerciseError, match="1-D tensor of 30 elements"):
+        check.flat_views(lambda ts: (torch.cat([t.reshape(-1) for t in ts[:2]]), ts))
+    with pytest.raises(ExerciseError, match="has shape"):
+        check.flat_views(lambda ts: (lambda f: (f, list(f.split([t.numel() for t in ts]))))(
+            torch.cat([t.reshape(-1) for t in ts])))
+    with pytest.raises(ExerciseError, match="other values"):
+        check.flat_views(lambda ts: (lambda f: (f, [p.view(t.shape) for p, t in zip(
+            f.flip(0).split([t.numel() for t in ts]), ts)]))(torch.cat([t.reshape(-1) for t in ts])))
+
+
+def test_flat_views_broadcast_fills_every_view_on_the_standin():
+    setup = devices.cpu_standin(2)
+    sources = [torch.randn(4, 3), torch.randn(5)]
+    flat0, _ = solutions.flat_views(sources)
+    flat1, views1 = solutions.flat_views([torch.zeros_like(t) for t in sources])
+    setup.comm.broadcast(flat0, out=[flat1])
+    assert all(torch.equal(a, b) for a, b in zip(sources, views1))
 
 
 def test_all_reduce_checker():
@@ -322,9 +459,8 @@ def test_recordings_are_complete_and_correct():
     assert all(line.startswith("✓") for line in verify.check_api(m["01_api_examples"].data["api"]))
     assert m["01_source_program"].data["fixed"]["a"] == [5, 7, 9]
     assert len(m["01_bandwidth_sweep"].data["sizes"]) == len(bandwidth.size_sweep(1 << 10, 1 << 30, 2))
-    rows = analysis.claims(m["01_bandwidth_sweep"].data, m["01_dtype_costs"].data,
-                           m["01_api_examples"].data["rules"], m["01_many_small"].data,
-                           m["01_redundant"].data, m["01_bandwidth_sweep"].data["link_peak_gbps"])
-    assert len(rows) == 4
+    for key, fn in lab_claims.CLAIMS.items():
+        names = (key,) if isinstance(key, str) else key
+        assert fn(*[m[n].data for n in names]), key
     kinds = {op: {k["kind"] for k in ks} for op, ks in m["01_profile"].data["ops"].items()}
     assert "nccl" in kinds["comm.broadcast"] and "peer copy" in kinds["x.to(peer)"]

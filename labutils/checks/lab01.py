@@ -7,47 +7,11 @@ is checked everywhere. ``comm`` is wrapped in a call counter to see *how* a resu
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from . import fail, passed, run_or_reference
+from . import fail, passed, run_or_reference, say_not_attempted
 from ..labs.lab01_cuda_comm import devices
-from ..bandwidth import AlphaBeta
 from ..solutions import lab01 as solutions
-
-# (alpha_us, beta_gbps, size_bytes): zero size, a latency-bound and two bandwidth-bound cases
-PREDICT_CASES = ((10.0, 100.0, 0), (10.0, 100.0, 4096), (2.5, 400.0, 256 << 20), (40.0, 25.0, 1 << 30))
-UNITS_HINT = ("t = alpha + S / beta in ms: alpha_us * 1e-3 ms, and S / beta = size_bytes / "
-              "(beta_gbps * 1e9) seconds = size_bytes / (beta_gbps * 1e6) ms")
-
-
-def predict_time(fn, fit: AlphaBeta | None = None, size_bytes: int = 256 << 20) -> float | None:
-    """Exercise 1: ``fn(alpha_us, beta_gbps, size_bytes) -> ms`` must be the alpha-beta model.
-
-    Checked on ``PREDICT_CASES`` (hardware-independent). Returns ``fn``'s prediction for
-    ``size_bytes`` with the measured ``fit`` (None without one), for the notebook to compare
-    with the measurement.
-    """
-    _, used_reference = run_or_reference(fn, solutions.predict_time_ms, *PREDICT_CASES[0])
-    fn = solutions.predict_time_ms if used_reference else fn
-    for alpha, beta, size in PREDICT_CASES:
-        want = AlphaBeta(alpha, beta, 0.0).predict_ms(size)
-        got = fn(alpha, beta, size)
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            fail(f"predict_time_ms({alpha}, {beta}, {size}) returned {got!r}, not a number",
-                 "return the time in milliseconds as a float")
-        if not math.isfinite(got) or abs(got - want) > 1e-6 * want + 1e-12:
-            off = got / want if want and got else float("nan")
-            why = (" (a factor of 1000 off: check the units)" if any(
-                abs(off - f) < 1e-3 * f for f in (1e3, 1e-3, 1e6, 1e-6)) else "")
-            fail(f"predict_time_ms(alpha_us={alpha}, beta_gbps={beta}, size_bytes={size}) = {got:.6g} ms, "
-                 f"the model gives {want:.6g} ms{why}", UNITS_HINT)
-    passed(f"predict_time_ms matches t = alpha + S / beta on {len(PREDICT_CASES)} test cases "
-           "(us, GB/s, bytes -> ms)")
-    return float(fn(fit.alpha_us, fit.beta_gbps, size_bytes)) if fit is not None else None
 
 
 def _default_setup() -> devices.CommSetup:
@@ -69,7 +33,7 @@ def _calls_hint(calls) -> str:
 
 
 def all_reduce(fn, setup: devices.CommSetup | None = None) -> None:
-    """Exercise 2: ``fn(tensors, comm)`` -> one tensor per input, on its device, each the sum of
+    """Exercise 3: ``fn(tensors, comm)`` -> one tensor per input, on its device, each the sum of
     all inputs, built from ``comm.reduce_add`` + ``comm.broadcast`` (not nccl.all_reduce)."""
     setup = setup or _default_setup()
     comm = devices.CallCounter(setup.comm)
@@ -102,7 +66,7 @@ def all_reduce(fn, setup: devices.CommSetup | None = None) -> None:
 
 
 def broadcast_many(fn, setup: devices.CommSetup | None = None) -> None:
-    """Exercise 3: ``fn(tensors, devices, comm)`` -> ``out[k][j]`` = tensor j on devices[k],
+    """Exercise 1: ``fn(tensors, devices, comm)`` -> ``out[k][j]`` = tensor j on devices[k],
     with a single ``comm.broadcast`` call (the job ``broadcast_coalesced`` does)."""
     setup = setup or _default_setup()
     comm = devices.CallCounter(setup.comm)
@@ -133,3 +97,47 @@ def broadcast_many(fn, setup: devices.CommSetup | None = None) -> None:
                     "one call for all: flatten with torch.cat([t.reshape(-1) for t in tensors]) first")
     passed(f"my_broadcast_many: {len(host)} tensors of {len(host)} shapes arrive intact on every "
            "device with a single comm.broadcast")
+
+
+def flat_views(fn):
+    """Exercise 2: ``fn(tensors) -> (flat, views)``: one 1-D buffer holding every tensor's elements in
+    order, and one tensor per input with its shape that is a *view* of the buffer (no copy), so that a
+    write to the buffer -- a broadcast into it, say -- shows in every view.
+
+    Checked on CPU tensors (the idea does not depend on the device). Returns the function to use from
+    here on: ``fn`` if it passed, the reference solution if ``fn`` is not written yet.
+    """
+    gen = torch.Generator().manual_seed(3)
+    host = [torch.randn(3, 4, generator=gen), torch.randn(10, generator=gen), torch.randn(2, 2, 2, generator=gen)]
+    total = sum(t.numel() for t in host)
+    try:
+        result = fn([t.clone() for t in host])
+    except NotImplementedError:
+        say_not_attempted(solutions.flat_views)
+        fn, result = solutions.flat_views, solutions.flat_views([t.clone() for t in host])
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        fail(f"my_flat_views returned {type(result).__name__}, not a pair (flat, views)", "return flat, views")
+    flat, views = result
+    if not isinstance(flat, torch.Tensor) or flat.dim() != 1 or flat.numel() != total:
+        what = tuple(flat.shape) if isinstance(flat, torch.Tensor) else type(flat).__name__
+        fail(f"flat is {what}, expected a 1-D tensor of {total} elements (all the tensors' elements)",
+             "torch.cat([t.reshape(-1) for t in tensors])")
+    if not isinstance(views, (list, tuple)) or len(views) != len(host):
+        fail(f"views has {len(views) if hasattr(views, '__len__') else '?'} entries, expected {len(host)}",
+             "one view per input tensor, in order")
+    for j, (v, want) in enumerate(zip(views, host)):
+        if not isinstance(v, torch.Tensor) or v.shape != want.shape:
+            fail(f"view {j} has shape {tuple(getattr(v, 'shape', ()))}, expected {tuple(want.shape)}",
+                 "split the buffer by [t.numel() for t in tensors], then piece.view(t.shape)")
+        if not torch.equal(v, want):
+            fail(f"view {j} holds other values than tensor {j}",
+                 "split in the order you concatenated: sizes [t.numel() for t in tensors]")
+        if v.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
+            fail(f"view {j} is a copy, not a view of flat",
+                 "split and view return views of the buffer; cat, clone and reshape of a split piece may copy")
+    flat.add_(1.0)                                   # a write to the buffer ...
+    if not all(torch.equal(v, want + 1.0) for v, want in zip(views, host)):
+        fail("a write to flat does not show in every view", "build every view from flat itself")
+    passed(f"my_flat_views: one buffer of {total} elements, {len(host)} views of it with their shapes; "
+           "a write to the buffer shows in every view")
+    return fn

@@ -4,17 +4,8 @@ from __future__ import annotations
 import torch
 
 
-def predict_time_ms(alpha_us: float, beta_gbps: float, size_bytes: float) -> float:
-    """Exercise 1: the alpha-beta model t = alpha + S / beta, in ms.
-
-    alpha is in microseconds (1 us = 1e-3 ms); beta in GB/s = 1e9 bytes/s, so S / beta seconds
-    = S / (beta * 1e9) s = S / (beta * 1e6) ms. Source: Hockney's model, see labutils.bandwidth.
-    """
-    return alpha_us * 1e-3 + size_bytes / (beta_gbps * 1e6)
-
-
 def all_reduce_from_reduce_add(tensors, comm):
-    """Exercise 2: all-reduce = reduce_add onto one GPU, then broadcast back to every GPU.
+    """Exercise 3: all-reduce = reduce_add onto one GPU, then broadcast back to every GPU.
 
     Returns one tensor per input, on the input's device, each holding the sum of all inputs.
     """
@@ -23,7 +14,7 @@ def all_reduce_from_reduce_add(tensors, comm):
 
 
 def broadcast_many(tensors, devices, comm):
-    """Exercise 3: broadcast many tensors with ONE broadcast: flatten, broadcast, split.
+    """Exercise 1: broadcast many tensors with ONE broadcast: flatten, broadcast, split.
 
     Returns ``out[k][j]``: tensor ``j`` on ``devices[k]`` (same shape as ``tensors[j]``).
     """
@@ -31,3 +22,14 @@ def broadcast_many(tensors, devices, comm):
     copies = comm.broadcast(flat, devices)
     sizes = [t.numel() for t in tensors]
     return [[piece.view_as(t) for piece, t in zip(copy.split(sizes), tensors)] for copy in copies]
+
+
+def flat_views(tensors):
+    """Exercise 2: one flat buffer and a view of it per tensor (made once, reused by every transfer).
+
+    Returns ``(flat, views)``: ``flat`` holds the tensors' elements in order; ``views[j]`` has the shape
+    of ``tensors[j]`` and shares ``flat``'s memory, so filling ``flat`` (one broadcast) fills every view.
+    """
+    flat = torch.cat([t.reshape(-1) for t in tensors])            # the one copy, made once
+    pieces = flat.split([t.numel() for t in tensors])              # views of flat
+    return flat, [piece.view(t.shape) for piece, t in zip(pieces, tensors)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
+from labutils.labs.lab01_cuda_comm import claims as lab_claims
 from labutils.checks import lab01 as check
 from labutils.solutions import lab01 as solutions
 
@@ -79,9 +80,14 @@ def test_measurements_return_data_the_analysis_can_read(setup, tmp_path):
     assert fit.alpha_us >= 0 and fit.beta_gbps > 0
     dtypes = measure.dtype_costs(setup, numel=1 << 20)
     many = measure.many_small(setup, total_bytes=1 << 20, counts=(1, 64))
+    assert many["host_steps"]["count"] == 64
     red = measure.redundant(setup, sizes_bytes=(1 << 12, 1 << 20))
-    rows = analysis.claims(sweep, dtypes, verify.dtype_rules(setup), many, red, link_peak_gbps=None)
-    assert len(rows) == 4
+    profile = {"ops": measure.profile_ops(setup, 1 << 20)}
+    verdicts = (lab_claims.tip1_verdicts(sweep) + lab_claims.dtype_verdicts({"rules": verify.dtype_rules(setup)}, dtypes)
+                + lab_claims.many_verdicts(many) + lab_claims.redundant_verdicts(red, profile))
+    assert len(verdicts) >= 12 and all(v.verdict in ("TRUE", "FALSE") for v in verdicts)
+    switched_off = [v for v in verdicts if "switches NCCL off" in v.claim]
+    assert [v.verdict for v in switched_off] == ["TRUE"]
     out = measure.profile_kernels(lambda: torch.ones(8, device="cuda:0") + 1, setup,
                                 trace_path=tmp_path / "t.json", table_rows=5)
     assert out["kernels"] and (tmp_path / "t.json").stat().st_size > 0
@@ -91,3 +97,13 @@ def test_measurements_return_data_the_analysis_can_read(setup, tmp_path):
 def test_checkers_pass_the_solutions_on_gpus(setup):
     check.all_reduce(solutions.all_reduce_from_reduce_add, setup)
     check.broadcast_many(solutions.broadcast_many, setup)
+
+
+@needs_gpus(2)
+def test_one_nccl_broadcast_into_a_flat_buffer_fills_its_views(setup):
+    sources = [torch.randn(64, 32, device="cuda:0"), torch.randn(32, device="cuda:0")]
+    flat0, _ = solutions.flat_views(sources)
+    flat1, views1 = solutions.flat_views([torch.zeros(t.shape, device="cuda:1") for t in sources])
+    assert setup.nccl.is_available([flat0, flat1])            # the NCCL path: one contiguous tensor per GPU
+    setup.comm.broadcast(flat0, out=[flat1])
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(sources, views1))

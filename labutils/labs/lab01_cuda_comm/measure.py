@@ -1,6 +1,6 @@
 """Lab 01's measurements of ``torch.cuda.comm``: bandwidth sweep, dtypes, many small tensors,
 redundant transfers, and which kernels run (``torch.profiler``). Pure analysis (fits, kernel
-names, the verdicts) is in ``analysis``. Run it::
+names) is in ``analysis``, the verdicts in ``claims``. Run it::
 
     from labutils.labs.lab01_cuda_comm import analysis, devices, measure
     setup = devices.gpu_setup()                      # >= 2 GPUs
@@ -16,6 +16,7 @@ tested.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -25,6 +26,15 @@ from .analysis import device_kernels
 from .devices import CommSetup
 
 SWEEP_OPS = ("comm.broadcast", "comm.reduce_add", "x.to(peer)")
+
+
+def quiet_profiler_log(level: int = 6) -> None:
+    """Keep ``torch.profiler`` from printing ``USDT: ... profiler_start`` / ``profiler_stop`` at every
+    profile. Recent kineto (the profiler's library) logs those lines at its USDT level (5), above ERROR
+    (4), the level torch's own suppression sets, so they get through; ``KINETO_LOG_LEVEL`` above 5 stops
+    them. Kineto reads it when the first profile starts: call this before. A value you set is kept.
+    Kineto's ERROR lines are hidden too; a profile that lost its GPU activity shows as no kernels."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", str(level))
 
 
 def time_on_devices(fn: Callable[[], object], setup: CommSetup, *, warmup: int = 2, iters: int = 10,
@@ -125,11 +135,29 @@ def dtype_costs(setup: CommSetup, numel: int = 16 << 20) -> dict:
     return out
 
 
+def host_steps(pieces: list, setup: CommSetup) -> dict:
+    """Time the two per-tensor steps ``broadcast_coalesced`` takes besides its broadcasts, on ``pieces``
+    (tensors on one device): flatten (one ``torch.cat`` of every tensor into a bucket) and unflatten
+    (a ``narrow`` + ``view`` per tensor, to hand the tensors back). They are the same ATen ops the C++
+    ``broadcast_coalesced`` calls (``torch/csrc/cuda/comm.cpp``), run here alone: nothing is sent.
+
+    Returns ``{"count": len(pieces), "steps": {name: timing dict}}``.
+    """
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    flat = _flatten_dense_tensors(pieces)
+    steps = {"flatten (one torch.cat)": lambda: _flatten_dense_tensors(pieces),
+             "unflatten (a view per tensor)": lambda: _unflatten_dense_tensors(flat, pieces)}
+    return {"count": len(pieces),
+            "steps": {name: _t(time_on_devices(fn, setup, warmup=1, iters=1, repeat=3)) for name, fn in steps.items()}}
+
+
 def many_small(setup: CommSetup, total_bytes: int = 16 << 20, counts=(1, 8, 64, 512, 4096)) -> dict:
     """Broadcast ``total_bytes`` of fp32 split into ``count`` tensors: one ``comm.broadcast`` per
-    tensor (loop) vs one ``comm.broadcast_coalesced`` call, and one flat tensor of the same bytes.
+    tensor (loop) vs one ``comm.broadcast_coalesced`` call, and one flat tensor of the same bytes;
+    and, for the largest count, ``host_steps`` (where broadcast_coalesced's extra time goes).
 
-    Returns ``{"total_bytes", "counts", "loop": [timing dict], "coalesced": [...], "flat": {...}}``.
+    Returns ``{"total_bytes", "counts", "loop": [timing dict], "coalesced": [...], "flat": {...},
+    "host_steps": {...}}``.
     """
     _need_two(setup)
     comm, devs, dev = setup.comm, setup.devices, setup.device
@@ -146,6 +174,8 @@ def many_small(setup: CommSetup, total_bytes: int = 16 << 20, counts=(1, 8, 64, 
         out["loop"].append(_t(time_on_devices(loop, setup, **reps)))
         out["coalesced"].append(_t(time_on_devices(lambda: comm.broadcast_coalesced(pieces, devs),
                                                    setup, **reps)))
+        if count == max(counts):
+            out["host_steps"] = host_steps(pieces, setup)
         del pieces
     return out
 
