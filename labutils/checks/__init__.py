@@ -57,6 +57,36 @@ def run_or_reference(fn, reference, *args, **kwargs):
         return reference(*args, **kwargs), True
 
 
+def run_ranks(rank_fn, *args, pool=None, world_size: int, timeout_s: float = 90.0,
+              hint: str = "run it by hand in a rank function (pool.run) and print the shapes",
+              hints: dict | None = None) -> list:
+    """``rank_fn(rank, world_size, *args)`` on ``world_size`` gloo ranks for a checker: those of ``pool`` (a gloo
+    ``RankPool`` of that size) or a fresh launch. The learner's code runs in it, so a hang or a rank's exception
+    becomes ``ExerciseError``; its HINT is ``hints[text]`` for the first ``text`` found in the rank's error,
+    else ``hint``.
+
+    Raises:
+        ValueError: ``pool`` is not a gloo pool of ``world_size`` ranks.
+    """
+    import labutils
+    if pool is not None and (pool.backend != "gloo" or pool.world_size != world_size):
+        raise ValueError(f"the checkers run on {world_size} gloo ranks, but this pool has {pool.world_size} "
+                         f"{pool.backend!r} ranks. HINT: pass labutils.RankPool(world_size={world_size}, "
+                         "backend='gloo'), or leave pool out.")
+    try:
+        if pool is not None:
+            return pool.run(rank_fn, *args, timeout=timeout_s, output="quiet")
+        return labutils.launch(rank_fn, *args, world_size=world_size, backend="gloo", timeout=timeout_s,
+                               output="quiet")
+    except labutils.RankTimeout:
+        fail(f"your code did not return on {world_size} ranks within {timeout_s:g} s",
+             "every rank must call the same collectives, in the same order, with matching sizes")
+    except labutils.RankError as exc:
+        what = (f"your code raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
+                if exc.exc_type else f"{str(exc).split('. HINT')[0]} inside your code")
+        fail(what, next((h for text, h in (hints or {}).items() if text in exc.remote_message), hint))
+
+
 def check_close(got: float, expected: float, *, rel_tol: float, what: str, hint: str) -> None:
     """Pass if ``got`` is within ``rel_tol`` (relative) of ``expected``, else raise with HINT."""
     try:

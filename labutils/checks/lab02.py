@@ -1,39 +1,34 @@
-"""Checkers for lab 02's exercises (tensor parallelism). Each prints ``✓ ...`` or raises
-``ExerciseError`` with a HINT; a stub that raises NotImplementedError is "not attempted" and the
-reference solution is checked instead. The launched checks always use gloo on CPU tensors with a
-fixed world size, so their output is the same on every machine.
+"""Checkers for lab 02's exercises (tensor parallelism).
+
+Each prints ``✓ ...`` or raises ``ExerciseError`` with a HINT chosen from the symptom. A stub that raises
+NotImplementedError is "not attempted": the checker says so and checks the reference solution
+(``labutils.solutions.lab02``) instead, so the notebook runs unattended. The launched checks run on 2
+gloo ranks with CPU tensors, so their output is the same on every machine; pass ``pool=`` a 2-rank gloo
+``labutils.RankPool`` to reuse its ranks, otherwise each check launches its own.
 """
 from __future__ import annotations
 
-import math
+import statistics
 
 import torch
 
-from . import fail, passed, say_not_attempted
+from . import fail, passed, run_ranks, say_not_attempted
+
+WORLD_SIZE = 2
+TIMEOUT_S = 90   # a learner's function that hangs is stopped after this long
 
 
-def _not_attempted(reference) -> None:
-    say_not_attempted(reference)
-
-
-def _launch(rank_fn, fn, world_size: int) -> list:
-    """Run ``rank_fn(rank, world_size, fn)`` on gloo ranks; rank failures become ExerciseError."""
-    import labutils
-    try:
-        return labutils.launch(rank_fn, fn, world_size=world_size, backend="gloo", timeout=90)
-    except labutils.RankTimeout:
-        fail(f"your function did not return on {world_size} ranks within 90 s",
-             "every rank must call the same collectives, in the same order, with matching sizes")
-    except labutils.RankError as exc:
-        what = (f"your function raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
-                if exc.exc_type else f"{str(exc).split('. HINT')[0]} inside your function")
-        fail(what,
-             "run it by hand in a launched rank function and print the shapes; gloo refuses "
-             "all_gather lists whose tensors differ in size")
+def _run(pool, rank_fn, *args) -> list:
+    return run_ranks(rank_fn, *args, pool=pool, world_size=WORLD_SIZE, timeout_s=TIMEOUT_S,
+                     hint="run it by hand in a rank function (pool.run) and print the shapes; gloo refuses "
+                          "all_gather lists whose tensors differ in size",
+                     hints={"invalid gradient": "backward must return one gradient per input of forward, each "
+                                                "shaped like that input: this rank's slice for y_shard, None for "
+                                                "group"})
 
 
 # ----------------------------------------------------------------------------- exercise 1
-_GATHER_CASES = ([3, 1, 2], [2, 0, 1], [4, 4, 4])
+_GATHER_CASES = ([3, 1], [0, 2], [4, 4])
 
 
 def _gather_rank(rank: int, world_size: int, fn) -> dict:
@@ -43,7 +38,7 @@ def _gather_rank(rank: int, world_size: int, fn) -> dict:
         full = torch.arange(sum(counts) * 3, dtype=torch.float32).reshape(-1, 3)
         mine = full.split(counts)[rank].clone()
         try:
-            got = fn(mine, None) if not used_reference else solution.gather_rows_uneven(mine, None)
+            got = solution.gather_rows_uneven(mine, None) if used_reference else fn(mine, None)
         except NotImplementedError:
             used_reference = True
             got = solution.gather_rows_uneven(mine, None)
@@ -52,129 +47,136 @@ def _gather_rank(rank: int, world_size: int, fn) -> dict:
     return {"used_reference": used_reference, "cases": cases}
 
 
-def gather_rows_uneven(fn) -> None:
-    """Exercise 1: ``fn(x, group)`` all-gathers row blocks of different lengths (rank order).
+def gather_rows_uneven(fn, pool=None) -> None:
+    """Exercise 1: ``fn(x, group)`` all-gathers row blocks of lengths no rank knows in advance, in rank order.
 
-    Checked on 3 gloo ranks with row counts [3, 1, 2], [2, 0, 1] (a rank with no rows) and
-    [4, 4, 4].
+    Checked on 2 gloo ranks with row counts [3, 1], [0, 2] (a rank with no rows) and [4, 4].
     """
     from labutils.solutions import lab02 as solution
-    reports = _launch(_gather_rank, fn, world_size=3)
+    reports = _run(pool, _gather_rank, fn)
     if any(r["used_reference"] for r in reports):
-        _not_attempted(solution.gather_rows_uneven)
+        say_not_attempted(solution.gather_rows_uneven)
     for rank, report in enumerate(reports):
         for case in report["cases"]:
             if case["equal"]:
                 continue
-            what = (f"rank {rank}, row counts {case['counts']}: got shape {case['shape']}, "
-                    f"expected {case['expected']}")
+            what = f"rank {rank}, row counts {case['counts']}: got shape {case['shape']}, expected {case['expected']}"
             if case["shape"] != case["expected"]:
-                longest = max(case["counts"])
-                if case["shape"][0] == longest * len(case["counts"]):
-                    fail(what, "the padding is still there: keep only the first rows_r rows of each "
-                               "rank's block")
-                fail(what, "the result has one row per row of all ranks together: sum of the counts")
+                if case["shape"][0] == max(case["counts"]) * len(case["counts"]):
+                    fail(what, "the padding is still there: keep only the first rows_r rows of each rank's block")
+                fail(what, "the result has one row per row of all ranks together: the sum of the counts, "
+                           "which every rank learns only by exchanging them first")
             fail(f"rank {rank}, row counts {case['counts']}: right shape, wrong values",
-                 "blocks must come in rank order, and each block is the *first* rows_r rows of "
-                 "that rank's padded slot")
-    passed("gather_rows_uneven: 3 ranks, row counts [3, 1, 2], [2, 0, 1], [4, 4, 4] gathered in order")
+                 "blocks must come in rank order, and each block is the *first* rows_r rows of that rank's "
+                 "padded slot")
+    passed("gather_rows_uneven: 2 ranks, row counts [3, 1], [0, 2], [4, 4] gathered in order")
 
 
 # ----------------------------------------------------------------------------- exercise 2
-def _row_parallel_rank(rank: int, world_size: int, fn) -> dict:
+def _gather_from_tp_rank(rank: int, world_size: int, fn, ColumnParallelLinear) -> dict:
+    from labutils.labs.lab02_tensor_parallel import verify
     from labutils.solutions import lab02 as solution
-    from labutils.labs.lab02_tensor_parallel.layers import shard
-    gen = torch.Generator().manual_seed(2)
-    tokens, fin, fout = 5, 8, 6
-    x, w, b, dz = (torch.randn(*s, generator=gen, dtype=torch.float64)
-                   for s in ((tokens, fin), (fout, fin), (fout,), (tokens, fout)))
-    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-    z_ref = xr @ wr.T + br
-    z_ref.backward(dz)
-    xs, ws, bs = shard(x, 1).requires_grad_(), shard(w, 1).requires_grad_(), b.clone().requires_grad_()
+    gen = torch.Generator().manual_seed(8)
+    tokens, fin, fout = 5, 4, 6
+    x, dy = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in ((tokens, fin), (tokens, fout)))
+    ref = verify.reference_linear(fin, fout, seed=9)
+    layer = ColumnParallelLinear(ref)
+    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ref = ref(x_ref)
+    y_ref.backward(dy)
     report = {"used_reference": False}
+    apply = getattr(fn, "apply", fn)
     try:
-        z = fn(xs, ws, bs, None)
+        y = apply(layer(x_tp), None)
     except NotImplementedError:
         report["used_reference"] = True
-        z = solution.row_parallel_forward(xs, ws, bs, None)
-    if not isinstance(z, torch.Tensor) or z.shape != z_ref.shape:
-        report["shape"] = list(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        y = solution.GatherFromTP.apply(layer(x_tp), None)
+    if not isinstance(y, torch.Tensor) or y.shape != y_ref.shape:
+        report["shape"] = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         return report
-    close = lambda a, e: bool(torch.allclose(a.detach(), e.detach()))  # noqa: E731
-    partial = (xs @ ws.T).detach()
-    report.update(forward=close(z, z_ref), partial_only=close(z, partial) or close(z, partial + b),
-                  bias_n_times=world_size > 1 and close(z, z_ref + (world_size - 1) * b),
-                  requires_grad=z.requires_grad)
-    if z.requires_grad:
-        z.backward(dz)
-        report["grads"] = {name: got is not None and close(got, exp) for name, got, exp in
-                           (("X_i", xs.grad, shard(xr.grad, 1)), ("B_i", ws.grad, shard(wr.grad, 1)),
-                            ("b", bs.grad, br.grad))}
+    close = lambda a, e: a is not None and bool(torch.allclose(a.detach(), e.detach()))  # noqa: E731
+    report["forward"] = close(y, y_ref)
+    report["rank_order_reversed"] = close(y, torch.cat(list(y_ref.chunk(world_size, -1))[::-1], -1))
+    report["requires_grad"] = y.requires_grad
+    if y.requires_grad:
+        y.backward(dy)
+        report["grad_x"] = close(x_tp.grad, x_ref.grad)
+        report["grad_x_times_n"] = close(x_tp.grad, world_size * x_ref.grad)
+        report["grad_w"] = close(layer.weight.grad, verify.shard(ref.weight.grad, 0))
     return report
 
 
-def row_parallel_forward(fn) -> None:
-    """Exercise 2: ``fn(x_shard, weight_shard, bias, group)`` = ``sum_i X_i B_i^T + b`` with the
-    right gradients; checked against a one-device ``x @ W.T + b`` on 2 gloo ranks (float64)."""
+def gather_from_tp(fn, ColumnParallelLinear, pool=None) -> None:
+    """Exercise 2: ``fn.apply(y_shard, group)`` (an autograd Function, or a plain function) all-gathers the
+    column-parallel layer's output along the last dim, so ``fn.apply(ColumnParallelLinear(linear)(x), None)``
+    equals ``linear(x)`` on every rank, with the gradients of ``x`` and of the weight shard right.
+    Checked on 2 gloo ranks in float64."""
     from labutils.solutions import lab02 as solution
-    reports = _launch(_row_parallel_rank, fn, world_size=2)
+    reports = _run(pool, _gather_from_tp_rank, fn, ColumnParallelLinear)
     if any(r["used_reference"] for r in reports):
-        _not_attempted(solution.row_parallel_forward)
+        say_not_attempted(solution.GatherFromTP)
     for rank, r in enumerate(reports):
         if "shape" in r:
-            fail(f"rank {rank}: returned {r['shape']}, expected a tensor of shape [5, 6]",
-                 "return Z = X_i @ B_i.T summed over ranks, plus the bias: (tokens, out_features)")
+            hint = ("all_gather_into_tensor stacks the blocks along dim 0; put them side by side along the last "
+                    "dim (torch.cat(blocks, dim=-1))" if r["shape"] == [10, 3]
+                    else "return every rank's columns side by side: shape (tokens, out_features)")
+            fail(f"rank {rank}: returned {r['shape']}, expected a tensor of shape [5, 6]", hint)
         if not r["forward"]:
-            if r["bias_n_times"]:
-                fail(f"rank {rank}: Z is off by (world_size - 1) x bias",
-                     "add the bias once, after the all-reduce, not on every rank before it")
-            if r["partial_only"]:
-                fail(f"rank {rank}: Z is this rank's partial sum X_i B_i^T only",
-                     "sum the partial products over ranks: comm.reduce_from_tp_region (Megatron's g)")
-            fail(f"rank {rank}: Z differs from x @ W.T + b", "Z = sum_i X_i @ B_i.T + b; B_i is weight_shard")
+            if r["rank_order_reversed"]:
+                fail(f"rank {rank}: the column blocks are in the wrong order", "block r comes from rank r")
+            fail(f"rank {rank}: the output differs from nn.Linear's", "concatenate every rank's y_shard, in rank "
+                                                                    "order, along the last dim")
         if not r["requires_grad"]:
-            fail(f"rank {rank}: Z is right but carries no gradient",
-                 "do not detach or use .data; comm.reduce_from_tp_region is autograd-aware")
-        bad = [k for k, ok in r["grads"].items() if not ok]
-        if bad:
-            fail(f"rank {rank}: wrong gradient of {', '.join(bad)}",
-                 "the backward of the all-reduce (g) is the identity: do not all-reduce the gradient again")
-    passed("row_parallel_forward: Z and the gradients of X_i, B_i and b match x @ W.T + b on 2 ranks")
+            fail(f"rank {rank}: the output is right but carries no gradient",
+                 "do the gathering inside a torch.autograd.Function's forward and return the gradient in backward")
+        if not r["grad_x"] or not r["grad_w"]:
+            if r["grad_x_times_n"]:
+                fail(f"rank {rank}: the gradient of X is {WORLD_SIZE} x too large",
+                     "every rank already holds the whole dL/dY; backward keeps only this rank's columns -- do not "
+                     "sum over ranks (f in front of the layer already sums dL/dX)")
+            fail(f"rank {rank}: wrong gradients (X: {r['grad_x']}, weight shard: {r['grad_w']})",
+                 "backward returns this rank's columns of the incoming gradient: grad.chunk(world_size, "
+                 "dim=-1)[rank]")
+    passed("gather_from_tp: output and the gradients of X and of the weight shard match nn.Linear on 2 ranks")
 
 
 # ----------------------------------------------------------------------------- exercise 3
-_PREDICT_CASES = ((4096, 1024, 2), (4096, 16384, 2), (1, 8, 4), (8192, 8192, 4))
+# calls_ms[rank][i]: NCCL kernel time of call i on each rank. In the first case the ranks take turns
+# arriving first, so per-rank medians are wrong; the second has 3 ranks and an odd number of calls.
+_SPLIT_CASES = ([[1.0, 5.0, 1.2, 5.1, 1.1, 4.9], [5.0, 1.0, 5.2, 1.0, 5.0, 1.1]],
+                [[0.30, 0.50, 0.31], [0.90, 0.30, 0.30], [0.31, 0.31, 0.70]],
+                [[2.0], [2.5]])
 
 
-def predict_allreduce_ms(fn, fit) -> None:
-    """Exercise 3: ``fn(tokens, hidden, bytes_per_element, fit)`` -> ms of the MLP's all-reduce
-    predicted by the alpha-beta ``fit`` (any object with ``alpha_us`` and ``beta_gbps``)."""
+def transfer_and_wait(fn) -> None:
+    """Exercise 3: ``fn(calls_ms) -> (transfer_ms, wait_ms)``: per call the min over ranks (the transfer) and
+    max - min (the wait for the slower rank), each the median over calls."""
     from labutils.solutions import lab02 as solution
     try:
-        got = [fn(*case, fit) for case in _PREDICT_CASES]
+        got = [fn(case) for case in _SPLIT_CASES]
     except NotImplementedError:
-        _not_attempted(solution.predict_allreduce_ms)
-        fn = solution.predict_allreduce_ms
-        got = [fn(*case, fit) for case in _PREDICT_CASES]
-    for case, g in zip(_PREDICT_CASES, got):  # the first wrong case gets a hint from its symptom
-        expected = solution.predict_allreduce_ms(*case, fit)
-        what = f"tokens={case[0]}, hidden={case[1]}, {case[2]} bytes/element"
+        say_not_attempted(solution.transfer_and_wait)
+        got = [solution.transfer_and_wait(case) for case in _SPLIT_CASES]
+    for case, g in zip(_SPLIT_CASES, got):
+        expected = solution.transfer_and_wait(case)
+        what = f"calls_ms = {case}"
         try:
-            g = float(g)
+            transfer, wait = (float(v) for v in g)
         except (TypeError, ValueError):
-            fail(f"{what}: expected a number of ms, got {g!r}", "return a float")
-        if math.isfinite(g) and abs(g - expected) <= 1e-6 * abs(expected):
+            fail(f"{what}: expected (transfer_ms, wait_ms), got {g!r}", "return a tuple of two numbers")
+        near = lambda a, b: abs(a - b) <= 1e-9 + 1e-9 * abs(b)  # noqa: E731
+        if near(transfer, expected[0]) and near(wait, expected[1]):
             continue
-        near = lambda v: abs(g - v) <= 1e-6 * abs(v)  # noqa: E731
-        size = case[0] * case[1] * case[2]
-        hint = ("t_ms = alpha_us / 1e3 + S / (beta_gbps * 1e9) * 1e3 with S = tokens * hidden * "
-                "bytes_per_element (the all-reduced Z)")
-        if near(expected * 1e3) or near(expected * 1e-3):
-            hint = "units: alpha is in microseconds, beta in GB/s (1e9 bytes/s); return milliseconds"
-        elif any(near(solution.predict_allreduce_ms(1, 1, size * k, fit)) for k in (0.125, 0.25, 0.5, 2, 4, 8)):
-            hint = "count the bytes: S = tokens * hidden * bytes_per_element"
-        elif near(expected - fit.alpha_us * 1e-3):
-            hint = "you left out alpha, the fixed cost of every all-reduce: t = alpha + S / beta"
-        fail(f"{what}: got {g:.4g} ms, expected {expected:.4g} ms", hint)
-    passed(f"predict_allreduce_ms agrees with the alpha-beta model on {len(_PREDICT_CASES)} cases")
+        medians = [statistics.median(r) for r in case]
+        per_call = list(zip(*case))
+        if near(transfer, expected[1]) and near(wait, expected[0]):
+            hint = "the order is (transfer, wait): the transfer is the min over ranks"
+        elif near(transfer, min(medians)):
+            hint = ("pair the calls first: call i is the same all-reduce on every rank, so take min and max "
+                    "over ranks call by call, then the median over calls (zip(*calls_ms))")
+        elif near(transfer, statistics.mean(min(c) for c in per_call)):
+            hint = "take the median over calls, not the mean: one slow call must not move the answer"
+        else:
+            hint = "per call i: transfer = min over ranks, wait = max - min; then the median of each over calls"
+        fail(f"{what}: got ({transfer:.4g}, {wait:.4g}), expected ({expected[0]:.4g}, {expected[1]:.4g})", hint)
+    passed(f"transfer_and_wait: {len(_SPLIT_CASES)} cases, 2 and 3 ranks, calls paired across ranks")

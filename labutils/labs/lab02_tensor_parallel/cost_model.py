@@ -42,9 +42,31 @@ def speedup_model(hidden: int, tokens: int, world_size: int, tflops: float, alph
     return (compute_ms + overhead_us * 1e-3) / (tp + overhead_us * 1e-3)
 
 
+COMM_SUMMARY_FIELDS = {
+    "what": "the collective and where it runs",
+    "op": "the collective (bandwidth.canonical_op name)",
+    "size_bytes": "S as nccl-tests counts it (all_reduce: the reduced tensor)",
+    "world_size": "ranks taking part",
+    "count_per_step": "calls per measured step",
+    "measured_ms": "one call inside the step: the NCCL kernel's device time on the rank that waited "
+                   "longest (median over profiled calls of the max over ranks) -- the transfer plus the "
+                   "wait for the slower rank; host time before the kernel is not included",
+    "kernel_ms": "one call's transfer: median over calls of the min over ranks of the kernel time (the last "
+                 "rank to arrive hardly waits) -- comparable with a standalone benchmark of the same call; "
+                 "None in recordings made before it was measured",
+    "wait_ms": "median over calls of max - min over ranks: the time the first rank waited for the last",
+    "step_ms": "the whole TP forward step (slowest rank, median)",
+}
+
+
 def comm_summary(rows: list[dict], world_size: int) -> dict:
-    """Lab 06's input: one entry per hidden size, the forward all-reduce inside the TP step."""
-    return {"ops": [{"what": f"TP MLP forward all_reduce, hidden={r['hidden']}, tokens={r['tokens']}, "
+    """Lab 06's input: one entry per hidden size, the forward all-reduce inside the TP step.
+
+    Returns ``{"fields": COMM_SUMMARY_FIELDS, "ops": [{...}]}`` (each op has the fields described
+    there; ``kernel_ms``/``wait_ms`` are None for rows measured without them)."""
+    return {"fields": COMM_SUMMARY_FIELDS,
+            "ops": [{"what": f"TP MLP forward all_reduce, hidden={r['hidden']}, tokens={r['tokens']}, "
                              f"{r['dtype']}", "op": "all_reduce", "size_bytes": int(r["allreduce_bytes"]),
                      "world_size": world_size, "count_per_step": 1,
-                     "measured_ms": r["allreduce_fwd_ms"], "step_ms": r["tp_fwd_ms"]} for r in rows]}
+                     "measured_ms": r["allreduce_fwd_ms"], "kernel_ms": r.get("allreduce_fwd_kernel_ms"),
+                     "wait_ms": r.get("allreduce_fwd_wait_ms"), "step_ms": r["tp_fwd_ms"]} for r in rows]}

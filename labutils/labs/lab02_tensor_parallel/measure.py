@@ -1,11 +1,11 @@
-"""Lab 02's measurements, run inside launched ranks (the cost model is in ``cost_model``).
+"""Lab 02's measurements, run inside launched ranks: collectives, tensors vs objects, partition imbalance.
 
-Every function has the rank-function signature ``fn(rank, world_size, ...)`` and returns
-JSON-able data, so a notebook cell is ``labutils.launch(measure.fn, ...)`` inside
-``recorded.live_or_recorded``. Under gloo the same functions run on CPU tensors with small
-sizes (``tests/test_tensor_parallel.py`` does that); timings use ``labutils.timing`` (CUDA
-events, warm-ups, medians, the slowest rank). The correctness checks (``verify_mlp``,
-``uneven_list_gather``) are in ``verify``.
+Every function has the rank-function signature ``fn(rank, world_size, ...)`` and returns JSON-able
+data, so a notebook cell is ``POOL.run(measure.fn, ...)`` inside ``recorded.live_or_recorded``. Under
+gloo the same functions run on CPU tensors with small sizes (``tests/test_tensor_parallel.py`` does
+that); timings use ``labutils.timing`` (CUDA events, warm-ups, medians, the slowest rank). The paths a
+byte can take between two GPUs are in ``paths``, the tensor-parallel MLP in ``steps``, the
+correctness checks in ``verify``.
 """
 from __future__ import annotations
 
@@ -16,13 +16,10 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ... import bandwidth, timing
 from ...compat import all_gather_into_tensor, reduce_scatter_tensor
 from ...config import rank_device
-from .comm import CommTimer
-from .layers import TensorParallelMLP
 from .verify import DTYPES, uneven_list_gather
 
 SWEEP_OPS = ("all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
@@ -215,68 +212,3 @@ def partitions(rank: int, world_size: int, factors: list[float], **imbalance_kw)
     """Section 4 in one launch: ``uneven_list_gather`` and ``imbalance_sweep(factors)``."""
     return {"uneven_list": uneven_list_gather(rank, world_size),
             "imbalance": imbalance_sweep(rank, world_size, factors, **imbalance_kw)}
-
-
-# ----------------------------------------------------------------------------- the TP MLP
-def _mlp_steps(model: nn.Module, x: torch.Tensor, dz: torch.Tensor):
-    """(forward-only step, forward+backward step) of ``model`` on ``x`` with upstream grad ``dz``."""
-    def forward():
-        with torch.no_grad():
-            model(x)
-
-    def train():
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-        model(x).backward(dz)
-    return forward, train
-
-
-def _calls_for(step, target_ms: float, dev) -> int:
-    """Calls per timed sample so that one sample lasts about ``target_ms`` (same on all ranks)."""
-    est = timing.benchmark(step, warmup=2, repeat=3, device=dev).median_ms
-    return int(timing.slowest_rank([min(50, max(1, math.ceil(target_ms / max(est, 1e-3))))])[0])
-
-
-def tp_mlp_sweep(rank: int, world_size: int, hiddens: list[int], tokens: int = 4096,
-                 dtype: str = "bfloat16", ffn_mult: int = 4, target_ms: float = 20.0) -> list[dict]:
-    """TP MLP vs one GPU, per hidden size h (ffn = ffn_mult * h, ``tokens`` rows, bf16).
-
-    On each rank, first the one-device ``nn.Sequential`` on this rank's own GPU (all ranks at
-    once; the notebook reports rank 0's), then the TensorParallelMLP over all ranks (slowest
-    rank, ``timing.benchmark_collective``), then the same steps again with a ``CommTimer`` on, for
-    the median time of one all-reduce *inside* the step. Forward steps run under ``no_grad``;
-    training steps are forward + backward with ``x.requires_grad`` (so 2 all-reduces).
-
-    Returns:
-        One dict per h with ``one_gpu_fwd_ms, one_gpu_train_ms, tp_fwd_ms, tp_train_ms,
-        allreduce_fwd_ms, allreduce_train_ms, allreduce_bytes`` (ms are medians).
-    """
-    dev, dt = rank_device(), DTYPES[dtype]
-    rows = []
-    for h in hiddens:
-        f = ffn_mult * h
-        x = torch.randn(tokens, h, device=dev, dtype=dt, requires_grad=True)
-        dz = torch.randn(tokens, h, device=dev, dtype=dt)
-        row = {"hidden": h, "ffn_hidden": f, "tokens": tokens, "dtype": dtype,
-               "allreduce_bytes": tokens * h * x.element_size()}
-        seq = nn.Sequential(nn.Linear(h, f, device=dev, dtype=dt), nn.GELU(),
-                            nn.Linear(f, h, device=dev, dtype=dt))
-        for name, step in zip(("one_gpu_fwd_ms", "one_gpu_train_ms"), _mlp_steps(seq, x, dz)):
-            inner = _calls_for(step, target_ms, dev)
-            row[name] = timing.benchmark(step, warmup=1, repeat=7, inner=inner, device=dev).median_ms
-        del seq
-        timer = CommTimer()
-        mlp = TensorParallelMLP(h, f, timer=timer, device=dev, dtype=dt)
-        for name, step in zip(("fwd", "train"), _mlp_steps(mlp, x, dz)):
-            iters = _calls_for(step, target_ms, dev)
-            row[f"tp_{name}_ms"] = timing.benchmark_collective(step, warmup=1, iters=iters, repeat=5).median_ms
-            timer.enabled = True
-            for _ in range(10):
-                step()
-            timer.enabled = False
-            per_op = [ms for v in timer.times_ms().values() for ms in v]
-            timer.reset()
-            row[f"allreduce_{name}_ms"] = timing.slowest_rank([statistics.median(per_op) if per_op else 0.0])[0]
-        del mlp
-        rows.append(row)
-    return rows

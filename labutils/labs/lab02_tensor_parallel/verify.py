@@ -1,62 +1,156 @@
-"""Lab 02's correctness checks, run inside launched ranks: what works, and what equals the reference.
+"""Lab 02's correctness harness: the notebook's tensor-parallel code against one-device PyTorch.
 
-Every function has the rank-function signature ``fn(rank, world_size, ...)`` and returns text
-verdicts (never timings), so its output is the same on gloo + CPU tensors and on NCCL + GPUs --
-what a notebook's checked cell prints::
+Every check runs inside launched ranks (``fn(rank, world_size, ...)``), takes the notebook's own
+classes as arguments (they travel to the ranks by value), and returns ``{quantity: "assert_close OK" |
+the mismatch}`` -- text, never timings, so that a notebook cell prints the same on gloo + CPU tensors
+and on NCCL + GPUs::
 
-    import labutils
-    from labutils.labs.lab02_tensor_parallel import verify
-    labutils.launch(verify.verify_mlp, backend="gloo")[0]   # {quantity: "assert_close OK"}
-    labutils.launch(verify.uneven_list_gather, backend="gloo", world_size=2)[0]["gloo"]
+    reports = POOL.run(verify.column_parallel, ColumnParallelLinear)
+    verify.table(reports)          # one row per quantity: OK on every rank?
 
-``verify_mlp``: TensorParallelMLP against the one-device MLP it was sharded from (forward output
-and every gradient). ``uneven_list_gather``: ``dist.all_gather`` into tensors of different sizes.
-``DTYPES`` is shared with the measurements in ``measure``.
+``operators``: Megatron's f and g (forward and backward). ``column_parallel``, ``row_parallel``: a
+layer built from an ``nn.Linear`` against that ``nn.Linear`` (output and every gradient). ``mlp``: the
+tensor-parallel MLP against the ``nn.Sequential`` it was built from. The one-device reference is
+float64 and seeded on the CPU, so every rank and every machine builds the same numbers.
+``uneven_list_gather``: ``dist.all_gather`` into tensors of different sizes, per backend.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ...config import rank_device
-from .layers import TensorParallelMLP, reference_mlp, shard
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+OK = "assert_close OK"
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor) -> str:
+def close(got, expected) -> str:
+    """``OK`` if ``torch.testing.assert_close`` passes, else its first line (or what is missing)."""
+    if got is None:
+        return "missing: the gradient is None (not connected to the loss?)"
     try:
         torch.testing.assert_close(got.detach(), expected.detach())
-        return "assert_close OK"
+        return OK
     except AssertionError as exc:
-        return " ".join(str(exc).split("\n")[:3])
+        return str(exc).strip().splitlines()[0]
 
 
-def verify_mlp(rank: int, world_size: int, hidden: int = 64, ffn_hidden: int | None = None,
-               tokens: int = 8, dtype: str = "float64", seed: int = 0) -> dict[str, str]:
-    """Compare TensorParallelMLP with the one-device ``nn.Sequential`` it was sharded from:
-    forward output and every gradient (input, both weights, both biases), with
-    ``torch.testing.assert_close`` (float64 by default, so rounding noise cannot hide a bug).
+def shard(t: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """This rank's equal slice of ``t`` along ``dim``."""
+    return t.chunk(dist.get_world_size(group), dim=dim)[dist.get_rank(group)]
 
-    Returns:
-        ``{quantity: "assert_close OK" | mismatch message}`` for this rank.
-    """
-    dev, dt = rank_device(), DTYPES[dtype]
-    ref = reference_mlp(hidden, ffn_hidden, seed=seed, device=dev, dtype=dt)
-    tp = TensorParallelMLP.from_sequential(ref)
-    gen = torch.Generator().manual_seed(seed + 1)  # same x and dL/dZ on every rank and machine
-    x = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
-    dz = torch.randn(tokens, hidden, generator=gen).to(dev, dt)
-    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
-    z_ref, z_tp = ref(x_ref), tp(x_tp)
-    z_ref.backward(dz)
-    z_tp.backward(dz)
-    pairs = {"forward output Z": (z_tp, z_ref), "grad of input X": (x_tp.grad, x_ref.grad),
-             "grad of A (column shard)": (tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
-             "grad of bias of A": (tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
-             "grad of B (row shard)": (tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
-             "grad of bias of B": (tp.down.bias.grad, ref[2].bias.grad)}
-    return {name: _close(got, exp) for name, (got, exp) in pairs.items()}
+
+def _seeded(*shapes, seed: int, dev, dt) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)      # the same tensors on every rank and machine
+    return [torch.randn(*s, generator=gen, dtype=torch.float64).to(dev, dt) for s in shapes]
+
+
+def reference_linear(in_features: int, out_features: int, *, seed: int = 0, device=None,
+                     dtype=torch.float64) -> nn.Linear:
+    """``nn.Linear`` initialised from ``seed`` on the CPU, then moved."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = nn.Linear(in_features, out_features, dtype=torch.float64)
+    return layer.to(device=device, dtype=dtype)
+
+
+def reference_mlp(hidden: int, ffn_hidden: int, *, seed: int = 0, device=None, dtype=torch.float64) -> nn.Sequential:
+    """``Linear(h, f) -> GELU -> Linear(f, h)`` initialised from ``seed`` on the CPU, then moved."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        seq = nn.Sequential(nn.Linear(hidden, ffn_hidden, dtype=torch.float64), nn.GELU(),
+                            nn.Linear(ffn_hidden, hidden, dtype=torch.float64))
+    return seq.to(device=device, dtype=dtype)
+
+
+def operators(rank: int, world_size: int, CopyToTP, ReduceFromTP, size: int = 6) -> dict[str, str]:
+    """f (``CopyToTP``) and g (``ReduceFromTP``), forward and backward, against their definitions:
+    f(x) = x and dL/dx = sum over ranks of each rank's gradient; g(x_r) = sum over ranks of x_r and
+    dL/dx_r = dL/dz. Every rank feeds different numbers where the operator must combine ranks."""
+    dev = rank_device()
+    x, w_same = _seeded((size,), (size,), seed=1, dev=dev, dt=torch.float64)
+    w_rank = [_seeded((size,), seed=10 + r, dev=dev, dt=torch.float64)[0] for r in range(world_size)]
+    xf = x.clone().requires_grad_()
+    y = CopyToTP.apply(xf, None)
+    (y * w_rank[rank]).sum().backward()                         # each rank's loss weights y differently
+    xg = (x * (rank + 1)).requires_grad_()
+    z = ReduceFromTP.apply(xg, None)
+    (z * w_same).sum().backward()
+    return {"f forward: y = x": close(y, x),
+            "f backward: dL/dx = sum of every rank's dL/dy": close(xf.grad, sum(w_rank)),
+            "g forward: z = sum of every rank's x": close(z, x * sum(range(1, world_size + 1))),
+            "g backward: dL/dx = dL/dz": close(xg.grad, w_same)}
+
+
+def _forward_backward(ref, model, x, dz, *, slice_input=False, slice_output=False):
+    """The one-device ``ref`` on the whole ``x``, the parallel ``model`` on ``x`` (or this rank's slice of its
+    features); each back-propagates ``dz`` (the model: this rank's columns of it, if its output is a slice).
+    Returns ``(out_ref, out, x_ref, x_model)``, the inputs holding their gradients."""
+    x_ref = x.clone().requires_grad_()
+    x_model = (shard(x, -1) if slice_input else x).clone().requires_grad_()
+    out_ref, out = ref(x_ref), model(x_model)
+    out_ref.backward(dz)
+    out.backward(shard(dz, -1) if slice_output else dz)
+    return out_ref, out, x_ref, x_model
+
+
+def column_parallel(rank: int, world_size: int, ColumnParallelLinear, tokens: int = 5,
+                    in_features: int = 8, out_features: int = 12) -> dict[str, str]:
+    """``ColumnParallelLinear(linear)`` against ``linear``: this rank's columns of the output, the full
+    gradient of the input (every rank's), and this rank's shards of the weight and bias gradients."""
+    dev = rank_device()
+    ref = reference_linear(in_features, out_features, seed=2, device=dev)
+    layer = ColumnParallelLinear(ref)
+    x, dy = _seeded((tokens, in_features), (tokens, out_features), seed=3, dev=dev, dt=torch.float64)
+    y_ref, y, x_ref, x_tp = _forward_backward(ref, layer, x, dy, slice_output=True)
+    return {"output: this rank's columns of Y": close(y, shard(y_ref, -1)),
+            "grad of X (whole, on every rank)": close(x_tp.grad, x_ref.grad),
+            "grad of the weight shard": close(layer.weight.grad, shard(ref.weight.grad, 0)),
+            "grad of the bias shard": close(layer.bias.grad, shard(ref.bias.grad, 0))}
+
+
+def row_parallel(rank: int, world_size: int, RowParallelLinear, tokens: int = 5, in_features: int = 12,
+                 out_features: int = 8) -> dict[str, str]:
+    """``RowParallelLinear(linear)`` fed this rank's slice of the input features, against ``linear``:
+    the whole output on every rank, this rank's slice of the input gradient, its weight shard's
+    gradient and the (replicated) bias gradient."""
+    dev = rank_device()
+    ref = reference_linear(in_features, out_features, seed=4, device=dev)
+    layer = RowParallelLinear(ref)
+    x, dz = _seeded((tokens, in_features), (tokens, out_features), seed=5, dev=dev, dt=torch.float64)
+    z_ref, z, x_ref, x_i = _forward_backward(ref, layer, x, dz, slice_input=True)
+    return {"output Z (whole, on every rank)": close(z, z_ref),
+            "grad of X_i (this rank's slice)": close(x_i.grad, shard(x_ref.grad, -1)),
+            "grad of the weight shard": close(layer.weight.grad, shard(ref.weight.grad, 1)),
+            "grad of the bias": close(layer.bias.grad, ref.bias.grad)}
+
+
+def mlp(rank: int, world_size: int, TensorParallelMLP, hidden: int = 16, ffn_hidden: int = 48,
+        tokens: int = 8) -> dict[str, str]:
+    """``TensorParallelMLP(seq)`` against the one-device ``seq = Linear -> GELU -> Linear``: output and
+    every gradient (input, both weights, both biases), in float64."""
+    dev = rank_device()
+    ref = reference_mlp(hidden, ffn_hidden, seed=6, device=dev)
+    tp = TensorParallelMLP(ref)
+    x, dz = _seeded((tokens, hidden), (tokens, hidden), seed=7, dev=dev, dt=torch.float64)
+    z_ref, z, x_ref, x_tp = _forward_backward(ref, tp, x, dz)
+    return {"output Z": close(z, z_ref), "grad of X": close(x_tp.grad, x_ref.grad),
+            "grad of A (column shard)": close(tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
+            "grad of A's bias": close(tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
+            "grad of B (row shard)": close(tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
+            "grad of B's bias": close(tp.down.bias.grad, ref[2].bias.grad)}
+
+
+def table(reports: list[dict]):
+    """One row per quantity: whether it matched on every rank, and the first rank's mismatch."""
+    import pandas as pd
+    rows = {}
+    for name in reports[0]:
+        bad = [(r, rep[name]) for r, rep in enumerate(reports) if rep[name] != OK]
+        rows[name] = {"on every rank": not bad, "first mismatch": f"rank {bad[0][0]}: {bad[0][1]}" if bad else "-"}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 1000) -> dict:
@@ -76,4 +170,6 @@ def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 
             result[name] = f"works, gathered == original: {torch.equal(torch.cat(outs), full)}"
         except RuntimeError as exc:
             result[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        if group is not None:
+            dist.destroy_process_group(group)
     return result

@@ -1,0 +1,113 @@
+"""Why a collective gets less of the link than a copy: the same bytes between two GPUs, by every path.
+
+Run inside launched ranks (every rank calls it; ranks 0 and 1 move the data, the others only join
+the barriers), on NCCL with one GPU per rank::
+
+    POOL.run(paths.link_paths, 2**30)[0]    # {"size_bytes", "rows": [{path, engine, ..., gbps_per_direction}]}
+
+The paths, each timed the nccl-tests way (``timing.benchmark_loops``: the paths take turns sample by
+sample, slowest rank):
+
+* **copy engine**, one way and both ways at once: ``copy_`` into a buffer this process allocated on
+  the peer GPU -- a DMA engine moves the bytes, no SM runs;
+* **NCCL send/recv**, one way and both ways at once (``batch_isend_irecv``): NCCL's kernel, on SMs,
+  pushes the bytes through its buffers on the peer;
+* **NCCL collectives** ``all_reduce`` and ``all_gather_into_tensor`` on the default communicator and on
+  communicators made with a fixed number of CTAs (NCCL's ``min_ctas = max_ctas``: how many thread
+  blocks, each driving one channel, a call may use).
+
+"GB/s per direction" is bytes per second leaving one GPU: S / t for a copy or a send, and busbw for a
+collective (on a ring, busbw is what each link carries in each direction).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ... import bandwidth, timing
+from ...compat import all_gather_into_tensor
+from ...config import rank_device
+
+
+def _channel_group(ctas: int):
+    """A new NCCL communicator over all ranks whose calls use exactly ``ctas`` CTAs (channels)."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.min_ctas = ctas
+    opts.config.max_ctas = ctas
+    return dist.new_group(backend="nccl", pg_options=opts)
+
+
+def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64), warmup: int = 2,
+               iters: int = 5, repeat: int = 5) -> dict | None:
+    """Time ``size_bytes`` between GPUs 0 and 1 by each path (see the module docstring).
+
+    Returns:
+        ``None`` on gloo (no GPU link to measure), else ``{"size_bytes", "rows": [{"path", "engine",
+        "directions", "ctas", "time_ms", "spread", "gbps_per_direction"}]}``; ``ctas`` None means
+        NCCL's own choice.
+    """
+    if dist.get_backend() != "nccl" or world_size < 2:
+        return None
+    dev, mover = rank_device(), rank < 2
+    elements = size_bytes // 2 // world_size * world_size          # bf16 elements, a multiple of n
+    n_bytes = 2 * elements
+    local = torch.zeros(n_bytes, dtype=torch.uint8, device=dev)
+    # this process's own buffer on the peer GPU (a copy into it is a device-to-device DMA)
+    remote = torch.empty(n_bytes, dtype=torch.uint8, device=torch.device("cuda", 1 - rank)) if mover else local
+    inbox = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
+    reduced = torch.zeros(elements, dtype=torch.bfloat16, device=dev)
+    gathered = torch.empty(elements, dtype=torch.bfloat16, device=dev)
+    shard = torch.zeros(elements // world_size, dtype=torch.bfloat16, device=dev)
+    groups = {None: None, **{c: _channel_group(c) for c in ctas}}
+
+    def repeated(fn):
+        def loop(k):
+            for _ in range(k):
+                fn()
+        return loop
+
+    def p2p(both: bool):
+        def go():
+            if not mover:
+                return
+            ops = []
+            if both or rank == 0:
+                ops.append(dist.P2POp(dist.isend, local, 1 - rank))
+            if both or rank == 1:
+                ops.append(dist.P2POp(dist.irecv, inbox, 1 - rank))
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return go
+
+    def copy(both: bool):
+        def go():
+            if mover and (both or rank == 0):
+                remote.copy_(local, non_blocking=True)
+        return go
+
+    specs = [("copy engine, one way", "copy engine", 1, None, copy(False), n_bytes, None),
+             ("copy engine, both ways", "copy engine", 2, None, copy(True), n_bytes, None),
+             ("NCCL send/recv, one way", "SMs (NCCL)", 1, None, p2p(False), n_bytes, None),
+             ("NCCL send/recv, both ways", "SMs (NCCL)", 2, None, p2p(True), n_bytes, None)]
+    for c, g in groups.items():
+        suffix = "" if c is None else f", {c} CTAs"
+        specs += [(f"all_reduce{suffix}", "SMs (NCCL)", 2, c,
+                   lambda g=g: dist.all_reduce(reduced, group=g), reduced.numel() * 2, "all_reduce"),
+                  (f"all_gather_into_tensor{suffix}", "SMs (NCCL)", 2, c,
+                   lambda g=g: all_gather_into_tensor(gathered, shard, group=g), gathered.numel() * 2,
+                   "all_gather")]
+    times = timing.benchmark_loops({s[0]: repeated(s[4]) for s in specs}, warmup=warmup, iters=iters,
+                                   repeat=repeat)
+    rows = []
+    for name, engine, directions, c, _, size, op in specs:
+        t = times[name]
+        gbps = (bandwidth.busbw_gbps(op, size, t.median_ms, world_size) if op
+                else bandwidth.algbw_gbps(size, t.median_ms))
+        rows.append({"path": name, "engine": engine, "directions": directions, "ctas": c,
+                     "size_bytes": size, "time_ms": t.median_ms, "spread": t.spread,
+                     "gbps_per_direction": gbps})
+    for g in groups.values():
+        if g is not None:
+            dist.destroy_process_group(g)
+    del local, remote, inbox, reduced, gathered, shard
+    return {"size_bytes": n_bytes, "world_size": world_size, "rows": rows}
