@@ -1,14 +1,16 @@
-"""Megatron-style tensor parallelism on real gloo ranks (CPU): every parallel layer against its
-one-device reference with torch.testing.assert_close, forward AND backward, at world sizes 1-4;
-the autograd communication functions; lab 02's measurement functions (smoke) and its checkers.
+"""Lab 02 on real gloo ranks (CPU): the notebook's own code -- Megatron's f and g, the column- and row-parallel
+layers, the MLP, the fixed source program -- taken from its source and checked against one-device PyTorch at
+world sizes 2 and 3, gradients included; the harness (running a program as written, the measurement functions
+at tiny sizes, the verdicts' thresholds); the exercise checkers on right and wrong answers.
 
-Run: pytest tests/test_tensor_parallel.py -q   (about a minute on 2 cores: one launch per world
-size runs every layer check; the test functions below report them one by one.)
+Run: pytest tests/test_tensor_parallel.py -q   (two rank pools, 2 and 3 gloo ranks)
 """
 from __future__ import annotations
 
+import json
 import sys
-import traceback
+import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -17,165 +19,261 @@ import torch.distributed as dist
 from torch import nn
 
 import labutils
-from labutils import bandwidth, compat
-from labutils.labs.lab02_tensor_parallel import comm, cost_model, measure, verify
+from labutils import bandwidth, claims, compat
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
-from labutils.labs.lab02_tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
-                                                        TensorParallelMLP, reference_mlp, shard)
+from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
+from labutils.labs.lab02_tensor_parallel.claims import CLAIMS, paths_verdicts, source_verdicts, tp_verdicts
+from labutils.solutions import lab02 as solution
+
+from notebook_defs import load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 
-HIDDEN, FFN, TOKENS = 12, 48, 5  # divisible by every world size tested (1, 2, 3, 4)
-WORLD_SIZES = (1, 2, 3, 4)
+nb = load_definitions("02_tensor_parallel")
+RECORDED = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
 
 
-def _data(*shapes, seed=1, dtype=torch.float64):
-    gen = torch.Generator().manual_seed(seed)  # same tensors on every rank
-    return [torch.randn(*s, generator=gen, dtype=dtype) for s in shapes]
+@pytest.fixture(scope="module")
+def pool2():
+    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
+        yield p
 
 
-# ---- the checks, run inside each rank -------------------------------------------------------
-def _run_both(ref, tp, x, dz):
-    """Forward and backward of the one-device and the parallel module on the same x and dL/dy;
-    asserts that the outputs and the input gradients agree."""
-    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y_ref, y_tp = ref(x_ref), tp(x_tp)
-    y_ref.backward(dz)
-    y_tp.backward(dz)
-    torch.testing.assert_close(y_tp, y_ref)
-    torch.testing.assert_close(x_tp.grad, x_ref.grad)
+@pytest.fixture(scope="module")
+def pool3():
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
+        yield p
 
 
-def check_mlp(dtype=torch.float64):
-    ref = reference_mlp(HIDDEN, FFN, seed=3, dtype=dtype)
-    tp = TensorParallelMLP.from_sequential(ref)
-    _run_both(ref, tp, *_data((TOKENS, HIDDEN), (TOKENS, HIDDEN), dtype=dtype))
-    torch.testing.assert_close(tp.up.weight.grad, shard(ref[0].weight.grad, 0))
-    torch.testing.assert_close(tp.up.bias.grad, shard(ref[0].bias.grad, 0))
-    torch.testing.assert_close(tp.down.weight.grad, shard(ref[2].weight.grad, 1))
-    torch.testing.assert_close(tp.down.bias.grad, ref[2].bias.grad)
+@pytest.fixture(params=[2, 3], ids=["2 ranks", "3 ranks"])
+def pool(request, pool2, pool3):
+    return pool2 if request.param == 2 else pool3
 
 
-def check_mlp_float32():
-    check_mlp(torch.float32)
+def _all_ok(reports) -> bool:
+    table = verify.table(reports)
+    assert table["on every rank"].all(), table.to_string()
+    return True
 
 
-def _check_linear(layer_cls, split_dim, **kw):
-    torch.manual_seed(4)
-    ref = nn.Linear(HIDDEN, FFN, dtype=torch.float64)
-    layer = layer_cls.from_linear(ref, **kw)
-    _run_both(ref, layer, *_data((TOKENS, HIDDEN), (TOKENS, FFN)))
-    torch.testing.assert_close(layer.weight.grad, shard(ref.weight.grad, split_dim))
-    expected_bias = shard(ref.bias.grad, 0) if split_dim == 0 else ref.bias.grad
-    torch.testing.assert_close(layer.bias.grad, expected_bias)
+# ------------------------------------------------------------------ the notebook's code vs one device
+def test_f_and_g_match_their_definitions(pool):
+    assert _all_ok(pool.run(verify.operators, nb.CopyToTP, nb.ReduceFromTP))
 
 
-def check_column_parallel_gathered():
-    _check_linear(ColumnParallelLinear, 0, gather_output=True)
+def test_column_parallel_layer_matches_nn_linear(pool):
+    assert _all_ok(pool.run(verify.column_parallel, nb.ColumnParallelLinear))
 
 
-def check_row_parallel_splits_its_input():
-    _check_linear(RowParallelLinear, 1, input_is_parallel=False)
+def test_row_parallel_layer_matches_nn_linear(pool):
+    assert _all_ok(pool.run(verify.row_parallel, nb.RowParallelLinear))
 
 
-def check_gather_and_split_gradients():
-    rank, n = dist.get_rank(), dist.get_world_size()
-    full, weights = _data((3, 4 * n), (3, 4 * n))
-    mine = shard(full, 1).requires_grad_()
-    gathered = comm.gather_from_tp_region(mine)
-    torch.testing.assert_close(gathered, full)
-    (gathered * weights).sum().backward()
-    torch.testing.assert_close(mine.grad, shard(weights, 1))  # d/dx_i of sum(w * gather(x))
-    whole = full.clone().requires_grad_()
-    part = comm.split_to_tp_region(whole)
-    torch.testing.assert_close(part, shard(full, 1))
-    (part * shard(weights, 1)).sum().backward()
-    torch.testing.assert_close(whole.grad, weights)  # every rank's slice comes back
+def test_tp_mlp_matches_nn_sequential(pool):
+    assert _all_ok(pool.run(verify.mlp, nb.TensorParallelMLP))
 
 
-def check_all_gather_uneven():
-    rank, n = dist.get_rank(), dist.get_world_size()
-    for counts in ([r + 1 for r in range(n)], [0] + [2] * (n - 1), [3] * n):
-        full = torch.arange(sum(counts) * 2, dtype=torch.float32).reshape(-1, 2)
-        got = comm.all_gather_uneven(full.split(counts)[rank].clone())
-        torch.testing.assert_close(got, full)
+def test_verify_reports_a_wrong_operator(pool2):
+    class NoSumBackward(torch.autograd.Function):  # f without its all-reduce: the classic bug
+        @staticmethod
+        def forward(ctx, x, group):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+    table = verify.table(pool2.run(verify.operators, NoSumBackward, nb.ReduceFromTP))
+    assert not table.loc["f backward: dL/dx = sum of every rank's dL/dy", "on every rank"]
+    assert table.loc["f forward: y = x", "on every rank"]
 
 
-def check_comm_timer_counts_one_all_reduce_each_way():
-    timer = comm.CommTimer()
-    mlp = TensorParallelMLP(HIDDEN, FFN, timer=timer)
-    x = torch.randn(TOKENS, HIDDEN, requires_grad=True)
-    mlp(x).sum().backward()  # disabled: records nothing
-    assert timer.times_ms() == {}
-    timer.enabled = True
-    mlp(x).sum().backward()
-    times = timer.times_ms()
-    n = dist.get_world_size()
-    expected = {} if n == 1 else {"all_reduce fwd": 1, "all_reduce bwd": 1}
-    assert {k: len(v) for k, v in times.items()} == expected, times
-    assert all(ms >= 0 for v in times.values() for ms in v)
+def _count_all_reduces(rank, world_size, TensorParallelMLP):
+    """All-reduces the notebook's MLP issues in forward and in backward (dist.all_reduce wrapped)."""
+    calls = []
+    real = dist.all_reduce
+
+    def counting(t, *args, **kwargs):
+        calls.append(tuple(t.shape))
+        return real(t, *args, **kwargs)
+    mlp = TensorParallelMLP(verify.reference_mlp(6, 12, seed=0))
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    dist.all_reduce = counting
+    try:
+        z = mlp(x)
+        forward = list(calls)
+        z.sum().backward()
+    finally:
+        dist.all_reduce = real
+    return forward, calls[len(forward):]
 
 
-def check_indivisible_sizes_raise():
-    n = dist.get_world_size()
-    if n == 1:
-        return
-    for make in (lambda: ColumnParallelLinear(4, n + 1), lambda: RowParallelLinear(n + 1, 4),
-                 lambda: comm.split_to_tp_region(torch.ones(2, n + 1))):
-        with pytest.raises(ValueError, match="not divisible by the tensor-parallel world size"):
-            make()
+def test_mlp_communicates_once_forward_and_once_backward(pool2):
+    forward, backward = pool2.run(_count_all_reduces, nb.TensorParallelMLP)[0]
+    assert forward == [(4, 6)] and backward == [(4, 6)]   # tokens x hidden each way, nothing between layers
 
 
-CHECKS = [check_mlp, check_mlp_float32, check_column_parallel_gathered,
-          check_row_parallel_splits_its_input, check_gather_and_split_gradients,
-          check_all_gather_uneven, check_comm_timer_counts_one_all_reduce_each_way,
-          check_indivisible_sizes_raise]
-
-
-def run_checks(rank, world_size):
-    """Every check on this rank; {name: None if it passed, else its traceback}. A failing check
-    issues no further collectives than its peers, since all ranks run the same code."""
-    out = {}
-    for fn in CHECKS:
+def _indivisible(rank, world_size, ColumnParallelLinear, RowParallelLinear):
+    out = []
+    for make in (lambda: ColumnParallelLinear(nn.Linear(4, world_size + 1)),
+                 lambda: RowParallelLinear(nn.Linear(world_size + 1, 4))):
         try:
-            fn()
-            out[fn.__name__] = None
-        except Exception:  # noqa: BLE001 - reported per check below
-            out[fn.__name__] = traceback.format_exc()
+            make()
+            out.append("built")
+        except ValueError as exc:
+            out.append(str(exc))
     return out
 
 
-_RESULTS: dict[int, list] = {}
+def test_layers_refuse_shards_of_unequal_size(pool2):
+    for message in pool2.run(_indivisible, nb.ColumnParallelLinear, nb.RowParallelLinear)[0]:
+        assert "does not split into 2 equal shards" in message and "HINT" in message
 
 
-def _results(world_size):
-    if world_size not in _RESULTS:
-        _RESULTS[world_size] = labutils.launch(run_checks, world_size=world_size, backend="gloo", timeout=120)
-    return _RESULTS[world_size]
+def _without_bias(rank, world_size, ColumnParallelLinear, RowParallelLinear):
+    with torch.random.fork_rng():                           # the same layers and input on every rank
+        torch.manual_seed(0)
+        up, down = nn.Linear(4, 6, bias=False), nn.Linear(6, 4, bias=False)
+        x = torch.randn(3, 4)
+    z = RowParallelLinear(down)(ColumnParallelLinear(up)(x))
+    return torch.allclose(z, down(up(x)), atol=1e-6)
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("name", [fn.__name__ for fn in CHECKS])
-def test_parallel_layers_match_one_device(world_size, name):
-    for rank, result in enumerate(_results(world_size)):
-        assert result[name] is None, f"rank {rank} of {world_size}:\n{result[name]}"
+def test_layers_without_bias(pool2):
+    assert all(pool2.run(_without_bias, nb.ColumnParallelLinear, nb.RowParallelLinear))
 
 
-# ---- no ranks needed ------------------------------------------------------------------------
-def test_from_sequential_rejects_other_models():
-    with pytest.raises(TypeError, match="HINT"):
-        TensorParallelMLP.from_sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)))
+def test_fixed_program_gathers_twice_the_tensor(pool):
+    assert all(all(checks.values()) for checks in pool.run(nb.tensor_parallel_fixed))
 
 
-def test_reference_mlp_is_reproducible_and_leaves_global_rng_alone():
-    state = torch.random.get_rng_state()
-    a, b = reference_mlp(8, seed=5), reference_mlp(8, seed=5)
-    assert torch.equal(torch.random.get_rng_state(), state)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert not torch.equal(reference_mlp(8, seed=6)[0].weight, a[0].weight)
+def test_source_body_gathers_a_mosaic(pool2):
+    (t0, f0), (t1, f1) = pool2.run(nb.tensor_parallel_body)
+    assert torch.equal(f0, f1) and not torch.equal(t0, t1)
+    assert torch.equal(f0[:500], 2 * t0[:500]) and torch.equal(f0[500:], 2 * t1[500:])
 
 
+def test_uneven_source_style_is_caught_and_the_padded_gather_is_right(pool2):
+    for line in pool2.run(nb.uneven_source_style):
+        assert "caught a mismatch: True" in line and "padded all_gather == 2 x tensor: True" in line
+
+
+# ------------------------------------------------------------------ running a program as written
+def test_run_program_reports_success_and_output():
+    out = script.run_program("print('one')\nprint('two')\n", timeout_s=60)
+    assert (out["raised"], out["returncode"], out["timed_out"], out["exc_type"]) == (False, 0, False, None)
+    assert out["printed_lines"] == 2 and out["output_tail"] == "one\ntwo"
+
+
+def test_run_program_reports_the_last_exception_with_short_paths():
+    out = script.run_program("def f():\n    raise ValueError('bad value: 3')\nf()\n", timeout_s=60)
+    assert out["raised"] and out["returncode"] == 1
+    assert (out["exc_type"], out["message"]) == ("ValueError", "bad value: 3")
+    assert 'File "<tmp>/program.py", line 2' in out["output_tail"]
+
+
+def test_run_program_stops_a_program_and_its_children_at_the_timeout(tmp_path):
+    marker, child = tmp_path / "child_outlived_the_timeout", tmp_path / "child.py"
+    child.write_text(f"import pathlib, time\ntime.sleep(4)\npathlib.Path({str(marker)!r}).write_text('x')\n")
+    program = (f"import subprocess, sys, time\n"
+               f"subprocess.Popen([sys.executable, {str(child)!r}])   # like mp.spawn's ranks\n"
+               f"print('started', flush=True)\ntime.sleep(60)\n")
+    out = script.run_program(program, timeout_s=2)
+    assert out["timed_out"] and out["raised"] and out["returncode"] is None, out
+    assert out["output_tail"] == "started"
+    time.sleep(4.5)
+    assert not marker.exists(), "the program's child outlived the timeout"
+
+
+def test_run_program_refuses_a_non_positive_timeout():
+    with pytest.raises(ValueError, match="HINT"):
+        script.run_program("pass", timeout_s=0)
+
+
+def test_last_exception_and_paths():
+    text = ("Traceback (most recent call last):\n"
+            '  File "/x/lib/python3.12/site-packages/torch/distributed/c10d.py", line 1, in f\n'
+            "torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 1 terminated\n"
+            "torch.distributed.DistNetworkError: port in use\n[W warning line]\n")
+    assert script.last_exception(text) == ("DistNetworkError", "port in use")
+    assert script.last_exception("all fine\n") == (None, None)
+    assert 'File "torch/distributed/c10d.py"' in script.shorten_paths(text, "/nowhere")
+
+
+# ------------------------------------------------------------------ the measurement functions (tiny sizes)
+def _measure_all(rank, world_size, TensorParallelMLP):
+    return {"sweep": measure.collective_sweep(rank, world_size, [64, 1024], warmup=1, iters=2, repeat=2),
+            "objects": measure.object_vs_tensor(rank, world_size, [256, 4096], repeat=2, link_iters=1),
+            "partitions": measure.partitions(rank, world_size, [1, 2], rows=8, cols=4, dtype="float32",
+                                              steps=2, warmup=1),
+            "paths": paths.link_paths(rank, world_size, 1024),
+            "mlp": steps.tp_mlp_sweep(rank, world_size, TensorParallelMLP, [8], tokens=4, dtype="float32",
+                                      target_ms=0.5, repeat=2, profiled_steps=2)}
+
+
+@pytest.fixture(scope="module")
+def measured(pool2):
+    return pool2.run(_measure_all, nb.TensorParallelMLP)
+
+
+def test_collective_sweep_uses_nccl_tests_definitions(measured):
+    ops = measured[0]["sweep"]["ops"]
+    assert set(ops) == set(measure.SWEEP_OPS)
+    for op, cols in ops.items():
+        for s, t, alg, bus in zip(cols["size_bytes"], cols["time_ms"], cols["algbw_gbps"], cols["busbw_gbps"]):
+            assert alg == pytest.approx(s / (t * 1e-3) / 1e9)
+            assert bus == pytest.approx(alg * bandwidth.bus_factor(op, 2))
+
+
+def test_object_path_pickles_about_the_tensor_bytes(measured):
+    rows = measured[0]["objects"]["rows"]
+    assert [r["size_bytes"] for r in rows] == [256, 4096]
+    assert all(r["size_bytes"] < r["pickled_bytes"] < r["size_bytes"] + 4096 for r in rows)
+    assert rows[-1]["received_devices"] == ["cpu"]
+    assert measured[0]["objects"]["link"]["payload_bytes_per_call"] == 2 * 4096
+
+
+def test_gloo_refuses_unequal_list_all_gather(measured):
+    assert "invalid tensor size" in measured[0]["partitions"]["uneven_list"]["gloo"]
+
+
+def test_imbalance_reports_every_rank_and_paths_need_gpus(measured):
+    imb = measured[0]["partitions"]["imbalance"]
+    assert imb["factors"] == [1, 2] and all(len(v) == 2 for v in imb["step_ms"])
+    assert measured[0]["paths"] is None          # no GPU link on gloo
+
+
+def test_tp_mlp_sweep_times_both_and_has_no_kernels_on_cpu(measured):
+    (row,) = measured[0]["mlp"]
+    assert row["allreduce_bytes"] == 4 * 8 * 4 and row["ffn_hidden"] == 32
+    assert all(row[k] > 0 for k in ("one_gpu_fwd_ms", "one_gpu_train_ms", "tp_fwd_ms", "tp_train_ms"))
+    assert row["allreduce_fwd_ms"] is None and row["allreduce_fwd_calls_ms"] == [[], []]
+
+
+def test_tp_mlp_sweep_on_a_subgroup(pool3):
+    rows = pool3.run(steps.tp_mlp_sweep, nb.TensorParallelMLP, [8],
+                     kwargs=dict(tokens=4, dtype="float32", target_ms=0.5, repeat=2, profiled_steps=1, tp_size=2))
+    assert [len(r) for r in rows] == [1, 1, 0]     # rank 2 is outside the tensor-parallel group
+
+
+def test_split_calls_pairs_the_calls_across_ranks():
+    split = steps.split_calls([[1.0, 5.0, 1.1], [5.0, 1.0, 5.2]])
+    assert split == {"in_step_ms": 5.0, "transfer_ms": 1.0, "wait_ms": 4.0, "calls": 3}
+    assert steps.split_calls([[], []])["transfer_ms"] is None
+    assert steps.nccl_kernel_ms(lambda: None, 2, "cpu") == []
+
+
+def test_nvlink_counter_absent_means_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a machine without NVML
+    assert measure.nvlink_tx_bytes() is None
+
+
+def test_unknown_sweep_op_is_refused():
+    with pytest.raises(ValueError, match="HINT: one of"):
+        measure._collective("all_scatter", 64, 2, torch.device("cpu"), torch.float32)
+
+
+# ------------------------------------------------------------------ cost model, summary, verdicts
 def test_cost_model():
     assert cost_model.mlp_flops(10, 4, 16) == 4 * 10 * 4 * 16
     assert cost_model.mlp_flops(10, 4, 16, train=True) == 3 * cost_model.mlp_flops(10, 4, 16)
@@ -190,146 +288,176 @@ def test_cost_model():
     assert small < 1.0 < big < 2.0  # tiny layers lose to the all-reduce, big ones approach 2
 
 
-def test_comm_summary_has_lab06_fields():
+def test_comm_summary_keeps_lab06_fields_and_documents_them():
     rows = [{"hidden": 1024, "tokens": 4096, "dtype": "bfloat16", "allreduce_bytes": 8 * 2**20,
-             "allreduce_fwd_ms": 0.05, "tp_fwd_ms": 0.4}]
-    (op,) = cost_model.comm_summary(rows, world_size=2)["ops"]
+             "allreduce_fwd_ms": 0.05, "allreduce_fwd_kernel_ms": 0.03, "allreduce_fwd_wait_ms": 0.02,
+             "tp_fwd_ms": 0.4}]
+    summary = cost_model.comm_summary(rows, world_size=2)
+    (op,) = summary["ops"]
     assert op == {"what": "TP MLP forward all_reduce, hidden=1024, tokens=4096, bfloat16",
                   "op": "all_reduce", "size_bytes": 8 * 2**20, "world_size": 2, "count_per_step": 1,
-                  "measured_ms": 0.05, "step_ms": 0.4}
+                  "measured_ms": 0.05, "kernel_ms": 0.03, "wait_ms": 0.02, "step_ms": 0.4}
+    assert set(summary["fields"]) == set(op)
+    old = dict(rows[0])
+    del old["allreduce_fwd_kernel_ms"], old["allreduce_fwd_wait_ms"]
+    assert cost_model.comm_summary([old], 2)["ops"][0]["kernel_ms"] is None
 
 
-def test_nvlink_counter_absent_means_none(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a machine without NVML
-    assert measure.nvlink_tx_bytes() is None
+def test_every_recording_gives_verdicts():
+    for key, fn in CLAIMS.items():
+        names = (key,) if isinstance(key, str) else key
+        verdicts = fn(*[json.loads((RECORDED / f"{n}.json").read_text())["data"] for n in names])
+        assert verdicts and all(v.verdict in (claims.TRUE, claims.FALSE, "UNTESTED") for v in verdicts)
 
 
-# ---- the measurement functions on gloo (small sizes) ----------------------------------------
-def _bench_all(rank, world_size):
-    return {"verify": verify.verify_mlp(rank, world_size, hidden=8, tokens=3),
-            "sweep": measure.collective_sweep(rank, world_size, [64, 1024], warmup=1, iters=2, repeat=2),
-            "objects": measure.object_vs_tensor(rank, world_size, [256, 4096], repeat=2, link_iters=1),
-            "partitions": measure.partitions(rank, world_size, [1, 2], rows=8, cols=4, dtype="float32",
-                                              steps=2, warmup=1),
-            "mlp": measure.tp_mlp_sweep(rank, world_size, [8], tokens=4, dtype="float32", target_ms=0.5)}
+def _path_rows(copy_one, copy_both, ag, ag_many):
+    rows = [("copy engine, one way", None, copy_one), ("copy engine, both ways", None, copy_both),
+            ("NCCL send/recv, both ways", None, 350.0), ("all_gather_into_tensor", None, ag),
+            ("all_gather_into_tensor, 8 CTAs", 8, ag / 2), ("all_gather_into_tensor, 64 CTAs", 64, ag_many)]
+    return {"size_bytes": 2**30, "rows": [{"path": p, "ctas": c, "gbps_per_direction": g, "spread": 0.02}
+                                          for p, c, g in rows]}
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return labutils.launch(_bench_all, world_size=2, backend="gloo", timeout=120)
-
-
-def test_verify_mlp_reports_every_quantity_ok(bench):
-    assert bench[0]["verify"] == {k: "assert_close OK" for k in bench[0]["verify"]}
-    assert len(bench[0]["verify"]) == 6 and bench[1]["verify"] == bench[0]["verify"]
-
-
-def test_collective_sweep_uses_nccl_tests_definitions(bench):
-    ops = bench[0]["sweep"]["ops"]
-    assert set(ops) == set(measure.SWEEP_OPS)
-    for op, cols in ops.items():
-        for s, t, alg, bus in zip(cols["size_bytes"], cols["time_ms"], cols["algbw_gbps"], cols["busbw_gbps"]):
-            assert alg == pytest.approx(s / (t * 1e-3) / 1e9)
-            assert bus == pytest.approx(alg * bandwidth.bus_factor(op, 2))
-
-
-def test_object_path_pickles_about_the_tensor_bytes(bench):
-    rows = bench[0]["objects"]["rows"]
-    assert [r["size_bytes"] for r in rows] == [256, 4096]
-    assert all(r["size_bytes"] < r["pickled_bytes"] < r["size_bytes"] + 4096 for r in rows)
-    assert rows[-1]["received_devices"] == ["cpu"]
-    assert bench[0]["objects"]["link"]["payload_bytes_per_call"] == 2 * 4096
-
-
-def test_gloo_refuses_unequal_list_all_gather(bench):
-    assert "invalid tensor size" in bench[0]["partitions"]["uneven_list"]["gloo"]
-
-
-def test_imbalance_and_mlp_sweeps_report_every_rank(bench):
-    imb = bench[0]["partitions"]["imbalance"]
-    assert imb["factors"] == [1, 2] and all(len(v) == 2 for v in imb["step_ms"])
-    (row,) = bench[0]["mlp"]
-    assert row["allreduce_bytes"] == 4 * 8 * 4
-    assert all(row[k] > 0 for k in ("one_gpu_fwd_ms", "tp_train_ms", "allreduce_fwd_ms", "allreduce_train_ms"))
-
-
-# ---- the exercise checkers: wrong answers raise with a HINT ---------------------------------
-def test_gather_checker_flags_leftover_padding():
-    def keeps_padding(x, group):
-        n = dist.get_world_size(group)
-        counts = torch.empty(n, dtype=torch.int64)
-        compat.all_gather_into_tensor(counts, torch.tensor([x.shape[0]]))
-        padded = x.new_zeros(int(counts.max()), *x.shape[1:])
-        padded[: x.shape[0]] = x
-        out = x.new_empty(n * padded.shape[0], *x.shape[1:])
-        compat.all_gather_into_tensor(out, padded)
-        return out
-    with pytest.raises(ExerciseError, match="padding is still there"):
-        check.gather_rows_uneven(keeps_padding)
-
-
-def test_row_parallel_checker_flags_bias_added_on_every_rank():
-    def bias_everywhere(x, w, b, group):
-        return comm.reduce_from_tp_region(x @ w.T + b, group)
-    with pytest.raises(ExerciseError, match="add the bias once"):
-        check.row_parallel_forward(bias_everywhere)
-
-
-def test_row_parallel_checker_flags_gradient_all_reduced_twice():
-    def reduces_grad_too(x, w, b, group):  # torch.distributed.nn's all_reduce sums gradients too
-        class AllReduceBoth(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                t = t.clone()
-                dist.all_reduce(t)
-                return t
-
-            @staticmethod
-            def backward(ctx, g):
-                g = g.clone()
-                dist.all_reduce(g)
-                return g
-        return AllReduceBoth.apply(x @ w.T) + b
-    with pytest.raises(ExerciseError, match="wrong gradient"):
-        check.row_parallel_forward(reduces_grad_too)
-
-
-def test_gather_checker_flags_blocks_out_of_rank_order():
-    def reversed_order(x, group):
-        blocks = comm.all_gather_uneven(x, group)
-        return blocks.flip(0)
-    with pytest.raises(ExerciseError, match="rank order"):
-        check.gather_rows_uneven(reversed_order)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (lambda x, w, b, group: (x @ w.T)[:, :2], "expected a tensor of shape"),
-    (lambda x, w, b, group: x.no_such_method(), "raised AttributeError on rank"),
+@pytest.mark.parametrize("numbers, expected", [
+    ((390.0, 380.0, 270.0, 330.0), ["TRUE", "TRUE", "TRUE"]),     # what 2xH200 looks like
+    ((390.0, 200.0, 190.0, 195.0), ["FALSE", "FALSE", "FALSE"]),  # a link that halves both ways, no CTA effect
 ])
-def test_row_parallel_checker_reports_shapes_and_exceptions(wrong, message):
-    with pytest.raises(ExerciseError, match=message):
-        check.row_parallel_forward(wrong)
+def test_path_verdicts_follow_their_thresholds(numbers, expected):
+    assert [v.verdict for v in paths_verdicts(_path_rows(*numbers))] == expected
 
 
-def test_unknown_sweep_op_is_refused():
-    with pytest.raises(ValueError, match="HINT: one of"):
-        measure._collective("all_scatter", 64, 2, torch.device("cpu"), torch.float32)
+def test_source_verdict_on_a_timeout_and_on_success():
+    (v,) = source_verdicts({"raised": True, "timed_out": True, "seconds": 120.0, "returncode": None})
+    assert v.verdict == "FALSE" and "killed" in v.figure
+    assert source_verdicts({"raised": False, "returncode": 0})[0].verdict == "TRUE"
 
 
-def test_checkers_fall_back_to_the_reference_for_stubs(capsys):
+def test_tp_verdicts_use_the_kernel_times_when_recorded():
+    coll = json.loads((RECORDED / "02_collectives.json").read_text())["data"]
+    tp = json.loads((RECORDED / "02_tp_mlp.json").read_text())["data"]
+    base = len(tp_verdicts(coll, tp))
+    for r in tp["rows"]:
+        r.update(allreduce_fwd_kernel_ms=r["allreduce_bytes"] / 330e6, allreduce_fwd_ms=2 * r["allreduce_bytes"] / 330e6)
+    extra = tp_verdicts(coll, tp)[base:]
+    assert [v.verdict for v in extra] == ["TRUE", "TRUE"]   # kernel at the fit's beta; in-step twice the transfer
+
+
+# ------------------------------------------------------------------ the exercise checkers
+def test_checkers_fall_back_to_the_reference_for_stubs(pool2, capsys):
+    class Stub(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, group):
+            raise NotImplementedError
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError
+
     def stub(*args):
         raise NotImplementedError
-    check.predict_allreduce_ms(stub, bandwidth.AlphaBeta(10.0, 100.0, 0.0))
+    check.gather_rows_uneven(stub, pool=pool2)
+    check.gather_from_tp(Stub, nb.ColumnParallelLinear, pool=pool2)
+    check.transfer_and_wait(stub)
     out = capsys.readouterr().out
-    assert "not attempted" in out and "✓ predict_allreduce_ms" in out
+    assert out.count("not attempted") == 3 and out.count("✓") == 3
+
+
+def test_checkers_pass_the_reference_solutions(pool2, capsys):
+    check.gather_rows_uneven(solution.gather_rows_uneven, pool=pool2)
+    check.gather_from_tp(solution.GatherFromTP, nb.ColumnParallelLinear, pool=pool2)
+    check.transfer_and_wait(solution.transfer_and_wait)
+    out = capsys.readouterr().out
+    assert "not attempted" not in out and out.count("✓") == 3
+
+
+def test_checkers_refuse_a_pool_of_the_wrong_shape(pool3):
+    with pytest.raises(ValueError, match="HINT"):
+        check.gather_rows_uneven(solution.gather_rows_uneven, pool=pool3)
+
+
+def _keeps_padding(x, group):
+    n = dist.get_world_size(group)
+    counts = torch.empty(n, dtype=torch.int64)
+    compat.all_gather_into_tensor(counts, torch.tensor([x.shape[0]]))
+    padded = x.new_zeros(int(counts.max()), *x.shape[1:])
+    padded[: x.shape[0]] = x
+    out = x.new_empty(n * padded.shape[0], *x.shape[1:])
+    compat.all_gather_into_tensor(out, padded)
+    return out
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (lambda t, h, b, fit: fit.predict_ms(t * h), "count the bytes"),
-    (lambda t, h, b, fit: fit.predict_ms(t * h * b) * 1e3, "units"),
-    (lambda t, h, b, fit: t * h * b / (fit.beta_gbps * 1e9) * 1e3, "left out alpha"),
-    (lambda t, h, b, fit: "soon", "return a float"),
+    (_keeps_padding, "padding is still there"),
+    (lambda x, group: solution.gather_rows_uneven(x, group).flip(0), "rank order"),
+    (lambda x, group: x, "sum of the counts"),
 ])
-def test_predict_checker_hints(wrong, hint):
+def test_gather_checker_hints(pool2, wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
-        check.predict_allreduce_ms(wrong, bandwidth.AlphaBeta(10.0, 100.0, 0.0))
+        check.gather_rows_uneven(wrong, pool=pool2)
+
+
+class _FullGradBack(torch.autograd.Function):   # backward forgets to keep only this rank's columns
+    @staticmethod
+    def forward(ctx, y, group):
+        return solution.GatherFromTP.forward(ctx, y, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _SummedGradBack(torch.autograd.Function):  # backward sums over the ranks as well
+    @staticmethod
+    def forward(ctx, y, group):
+        return solution.GatherFromTP.forward(ctx, y, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return solution.GatherFromTP.backward(ctx, grad)[0], None
+
+
+class _Stacked(torch.autograd.Function):         # all_gather_into_tensor without rearranging the blocks
+    @staticmethod
+    def forward(ctx, y, group):
+        out = y.new_empty(2 * y.shape[0], y.shape[1])
+        compat.all_gather_into_tensor(out, y.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(2)[dist.get_rank()], None
+
+
+def _no_autograd(y, group):                      # right values, but gathered outside autograd
+    blocks = [torch.empty_like(y) for _ in range(2)]
+    dist.all_gather(blocks, y.detach().contiguous())
+    return torch.cat(blocks, dim=-1)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_FullGradBack, "shaped like that input"),
+    (_SummedGradBack, "2 x too large"),
+    (_Stacked, "stacks the blocks along dim 0"),
+    (_no_autograd, "carries no gradient"),
+])
+def test_gather_from_tp_checker_hints(pool2, wrong, hint):
+    with pytest.raises(ExerciseError, match=hint):
+        check.gather_from_tp(wrong, nb.ColumnParallelLinear, pool=pool2)
+
+
+def _per_rank_medians(calls_ms):
+    import statistics
+    meds = [statistics.median(r) for r in calls_ms]
+    return min(meds), max(meds) - min(meds)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_per_rank_medians, "pair the calls"),
+    (lambda c: tuple(reversed(solution.transfer_and_wait(c))), "the order is"),
+    (lambda c: 1.0, "return a tuple"),
+])
+def test_transfer_and_wait_checker_hints(wrong, hint):
+    with pytest.raises(ExerciseError, match=hint):
+        check.transfer_and_wait(wrong)

@@ -7,66 +7,175 @@
 # (its §4.1), and that NCCL helps.
 #
 # **You will**
-# 1. run the source's program through `labutils`, see each of its four bugs, and verify a fixed version
-#    (gathered == 2 × the original tensor, on gloo and on NCCL);
-# 2. measure `all_gather` (list) vs `all_gather_into_tensor` vs `reduce_scatter_tensor` (time, algbw, busbw),
-#    and test the serialisation and partition claims with numbers;
-# 3. build Megatron's column- and row-parallel layers and the MLP that needs one all-reduce per forward pass,
-#    check forward and backward against `nn.Sequential`, and measure when tensor parallelism pays.
+# 1. run the source's program exactly as written — its own file, its own `mp.spawn` launcher — see each of
+#    its bugs, and verify a fixed version (gathered == twice the original tensor, on gloo and on NCCL);
+# 2. measure `all_gather` (list) vs `all_gather_into_tensor` vs `reduce_scatter_tensor` vs `all_reduce`,
+#    and find out, with your own measurement, why a collective gets less of the link than a plain copy;
+# 3. test the source's claims on serialisation and uneven partitions with numbers;
+# 4. write Megatron's `f` and `g` operators as `torch.autograd.Function`s, build the column- and
+#    row-parallel layers and the MLP from them, check each against `nn.Linear` on every rank, gradients
+#    included, and measure when tensor parallelism pays — and what its all-reduce costs inside a step.
 #
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). On one GPU
 # or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
-# **Time:** about 60 minutes to work through; designed to execute in under 2 minutes on 2×H200.
+#
+# **Time:** 90 min of study (three exercises, five predictions); about 30 s to run on 2×H200, 1–2 min on a
+# 2-core CPU.
+
+# %% [markdown]
+# ## Setup
+# One `RankPool` serves the lab: its ranks start once (NCCL with one GPU per rank when there are enough GPUs,
+# else gloo on CPU tensors) and every experiment is a call into them. A second, 2-rank gloo pool runs what
+# needs CPU tensors on every machine (the source's program on gloo, the exercise checkers); on a machine
+# without GPUs the two are the same pool.
 
 # %% tags=["nbval-ignore-output"]
+import datetime
 import re
 import socket
 
+import pandas as pd
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from IPython.display import display
 
 import labutils
-from labutils import bandwidth, compat, hw, plots, recorded
-from labutils.labs.lab02_tensor_parallel import comm, cost_model, measure, verify
+from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab02 as check
+from labutils.config import rank_device
+from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
+from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, model_train_ms, paths_verdicts,
+                                                        sweep_verdicts)
 
 HW = hw.describe()
 MODE = HW.mode                                       # "multi-gpu", "single-gpu" or "cpu"
-BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"  # pass backend=BACKEND explicitly in checked cells
+BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"  # the lab's ranks: one GPU each, else CPU tensors
 labutils.default_config()
+POOL = labutils.RankPool(backend=BACKEND, output="quiet")
+GLOO = (POOL if POOL.backend == "gloo" and POOL.world_size == 2
+        else labutils.RankPool(world_size=2, backend="gloo", output="quiet"))
 HW
 
 # %% [markdown]
 # ## 1 · The source's program, run as written
 #
-# ```python
-# def tensor_parallel(rank, world_size):
-#     dist.init_process_group(backend='nccl', init_method='tcp://localhost:23456',
-#                             rank=rank, world_size=world_size)
-#     tensor = torch.randn(1000, 1000)                       # "create a big tensor"
-#     split_tensor = torch.chunk(tensor, world_size, dim=0)  # "split it"
-#     local_tensor = split_tensor[rank]
-#     result = local_tensor * 2                              # "compute on the local GPU"
-#     all_results = [torch.empty_like(result) for _ in range(world_size)]
-#     dist.all_gather(all_results, result)                   # "collect the results"
-#     final_result = torch.cat(all_results, dim=0)
-#     print(final_result)
-#     dist.destroy_process_group()
-#
-# mp.spawn(tensor_parallel, args=(2,), nprocs=2, join=True)
-# ```
-#
-# Below it is copied as written, with two changes that do not touch its behaviour: `init_method` and
-# `backend` are parameters (defaulting to the source's values), and the function returns its data so that
-# the notebook can inspect it. `labutils.launch(..., init="none")` replaces `mp.spawn`: it starts fresh
-# processes, lets the function call `init_process_group` itself (it sets `MASTER_ADDR`, `MASTER_PORT`,
-# `RANK`, `WORLD_SIZE` for `env://`), and, unlike `mp.spawn` from a notebook, can send a function defined in a
-# cell to its ranks.
+# Below is the source's program (§1.1), indented as Python needs and with its comments translated; nothing
+# else is changed. It starts its two ranks with `torch.multiprocessing.spawn`, which cannot run from a
+# notebook: `spawn` starts fresh interpreters that import `__main__` to find `tensor_parallel`, and a
+# notebook's `__main__` is not a file. So the notebook writes the program to a temporary folder and runs it
+# the way its author would, `python program.py`, once, with a time limit, and keeps what it printed.
 
 # %%
-def tensor_parallel(rank, world_size, init_method="tcp://localhost:23456", backend="nccl"):
-    dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
+SOURCE_PROGRAM = '''\
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+# initialise the distributed environment
+def init_distributed(rank, world_size):
+    dist.init_process_group(
+        backend='nccl',
+        init_method='tcp://localhost:23456',
+        rank=rank,
+        world_size=world_size
+    )
+# tensor-parallel computation
+def tensor_parallel(rank, world_size):
+    init_distributed(rank, world_size)
+    # create a big tensor
+    tensor = torch.randn(1000, 1000)
+    # split it into parts
+    split_tensor = torch.chunk(tensor, world_size, dim=0)
+    local_tensor = split_tensor[rank]
+    # compute on the local GPU
+    result = local_tensor * 2
+    # more complex computations could go here
+    # collect the results
+    all_results = [torch.empty_like(result) for _ in range(world_size)]
+    dist.all_gather(all_results, result)
+    final_result = torch.cat(all_results, dim=0)
+    print(final_result)
+    dist.destroy_process_group()
+if __name__ == '__main__':
+    world_size = 2
+    mp.spawn(tensor_parallel, args=(world_size,), nprocs=world_size, join=True)
+'''
+
+# %% [markdown]
+# On 2 GPUs this is the run the source has in mind; on this machine it also runs once, and does what it
+# does here:
+
+# %% tags=["nbval-ignore-output"]
+def run_as_written():
+    """The program in its own python process, stopped after 120 s: exit code, last exception, its output."""
+    return script.run_program(SOURCE_PROGRAM, timeout_s=120)
+
+
+AS_WRITTEN = recorded.live_or_recorded("02_source_nccl_error", run_as_written, gpus_needed=2)
+RUNS = {AS_WRITTEN.label: AS_WRITTEN.data}
+if not AS_WRITTEN.live:
+    RUNS["live: this machine"] = run_as_written()
+pd.DataFrame({where: {"exit code": run.get("returncode"), "exception": run.get("exc_type"),
+                      "message": run.get("message"), "lines printed": run.get("printed_lines"),
+                      "seconds": run.get("seconds")} for where, run in RUNS.items()})
+
+# %% tags=["nbval-ignore-output"]
+claims.show(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data))
+print("\nthe end of what the program wrote on this machine:\n")
+print(list(RUNS.values())[-1].get("output_tail", "(not recorded)"))
+
+# %% [markdown]
+# ### Bug 1 — CPU tensors on an NCCL process group
+# `torch.randn(1000, 1000)` lives on the CPU, and the group has only an NCCL backend, which moves CUDA
+# tensors. `dist.all_gather` looks up the backend registered for the tensors' device type; a group created
+# with `backend='nccl'` registers NCCL for `cuda` only, so a CPU tensor finds none and the call raises. A
+# PyTorch built without NCCL (a CPU-only build) refuses `backend='nccl'` already in `init_process_group`.
+# `mp.spawn` then reports the first rank's exception and stops the other rank. The fix is to put the data
+# where the backend can move it: one GPU per rank, `torch.cuda.set_device(rank)` and
+# `device = torch.device("cuda", rank)` (a bare `.cuda()` without `set_device` would put every rank on
+# `cuda:0`). The lab's ranks are bound to their GPUs already (`labutils.config.rank_device()`).
+#
+# ### Bug 2 — a fixed port
+# `tcp://localhost:23456` makes rank 0 open a rendezvous server (a `TCPStore`) on port 23456 — on every
+# network interface of the machine — and the other ranks connect to it. Any other job that chose the same
+# number (a second copy of this program, a colleague, a test running in parallel) collides with it: whichever
+# comes second cannot listen, or, worse, its ranks join the first job's rendezvous. We leave 23456 alone; we
+# hold a free port, as another job would, and do what rank 0 does first with `init_method` on that port:
+
+# %%
+with socket.socket() as other_job:                   # another job holds a port (the OS picked a free one)
+    other_job.bind(("127.0.0.1", 0))
+    other_job.listen(1)
+    busy_port = other_job.getsockname()[1]
+    try:                                             # rank 0's first step for init_method=tcp://localhost:PORT
+        dist.TCPStore("localhost", busy_port, world_size=2, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=10))
+        PORT_ERROR = None
+    except RuntimeError as exc:                      # torch's DistNetworkError is a RuntimeError
+        PORT_ERROR = exc
+print("rank 0 could not open its rendezvous server:", PORT_ERROR is not None)
+print("the port was already in use:", PORT_ERROR is not None and ("EADDRINUSE" in str(PORT_ERROR)
+                                                                  or "already in use" in str(PORT_ERROR)))
+
+# %% [markdown]
+# The error itself (its wording varies between PyTorch versions):
+
+# %% tags=["nbval-ignore-output"]
+print(f"{type(PORT_ERROR).__name__}: {PORT_ERROR}")
+
+# %% [markdown]
+# `labutils` never uses a fixed port: every launch and every pool gets a fresh one from the OS, on the
+# loopback interface only.
+#
+# ### Bugs 3 and 4 — every rank draws its own "big tensor", and a print of a million numbers
+# With CPU tensors on a gloo group the rest of the program runs. Here is its body, after
+# `init_distributed`, as written, on the 2-rank gloo pool (whose ranks joined their group already); it
+# returns its data so that we can look at it:
+
+# %% tags=["nbval-ignore-output"]
+def tensor_parallel_body(rank, world_size):
     tensor = torch.randn(1000, 1000)
     split_tensor = torch.chunk(tensor, world_size, dim=0)
     local_tensor = split_tensor[rank]
@@ -75,50 +184,14 @@ def tensor_parallel(rank, world_size, init_method="tcp://localhost:23456", backe
     dist.all_gather(all_results, result)
     final_result = torch.cat(all_results, dim=0)
     print(final_result)
-    dist.destroy_process_group()
     return tensor, final_result          # added: hand the data back to the notebook
 
 
-# %% [markdown]
-# ### Bug 1 — CPU tensors on an NCCL process group
-# `torch.randn(1000, 1000)` lives on the CPU, and the group has only an NCCL backend, which moves CUDA
-# tensors. Run with the source's backend (and `env://` instead of the fixed port, see bug 3). This needs
-# two GPUs; elsewhere the cell shows the error recorded on 2×H200.
-
-# %% tags=["nbval-ignore-output"]
-def run_source_on_nccl():
-    try:
-        labutils.launch(tensor_parallel, world_size=2, backend="nccl", init="none", timeout=90,
-                        kwargs=dict(init_method="env://"))
-        return {"raised": False}
-    except labutils.RankError as e:
-        return {"raised": True, "rank": e.rank, "exc_type": e.exc_type, "message": e.remote_message}
-
-
-NCCL_SRC = recorded.live_or_recorded("02_source_nccl_error", run_source_on_nccl, gpus_needed=2)
-if NCCL_SRC.data["raised"]:
-    print(f"[{NCCL_SRC.label}] rank {NCCL_SRC.data['rank']} raised {NCCL_SRC.data['exc_type']}: "
-          f"{NCCL_SRC.data['message']}")
-else:
-    print(f"[{NCCL_SRC.label}] the program ran without an error")
+SRC = GLOO.run(tensor_parallel_body, output="grouped")
 
 # %% [markdown]
-# `dist.all_gather` looks up the backend registered for the tensors' device type; a group created with
-# `backend='nccl'` registers NCCL for `cuda` only, so a CPU tensor finds none. The fix is to put the data
-# where the backend can move it: one GPU per rank, `torch.cuda.set_device(rank)` and
-# `device = torch.device("cuda", rank)` (a bare `.cuda()` without `set_device` would put every rank on
-# `cuda:0`). `labutils.launch` binds each rank to its GPU for you.
-#
-# ### Bugs 2 and 4 — every rank draws its own "big tensor", and a 1000 × 1000 print
-# On gloo (CPU tensors are fine there) the program runs, in every mode. Its output is the two printed tensors:
-
-# %% tags=["nbval-ignore-output"]
-SRC = labutils.launch(tensor_parallel, world_size=2, backend="gloo", init="none",
-                      kwargs=dict(init_method="env://", backend="gloo"))
-
-# %% [markdown]
-# Each process seeds its own random generator, so each rank drew a *different* 1000 × 1000 tensor. The
-# gathered result is a mosaic — rank 0's top half next to rank 1's bottom half — which is twice neither:
+# Each process seeds its own random generator, so each rank drew a *different* tensor. The gathered result
+# is a mosaic — rank 0's top half next to rank 1's bottom half — which is twice neither:
 
 # %%
 tensors = [t for t, _ in SRC]
@@ -132,69 +205,57 @@ print("block r of the result == 2 x block r of rank r's own tensor:",
       all(torch.equal(b, 2 * torch.chunk(tensors[r], len(SRC))[r]) for r, b in enumerate(blocks)))
 
 # %% [markdown]
-# And `print(final_result)` shows 36 of the million numbers per rank (torch summarises tensors above 1000
-# elements to their corners): it verifies nothing, and without `labutils`' grouping the ranks' prints
-# interleave. Print a *check*.
-#
-# ### Bug 3 — a fixed port
-# `tcp://localhost:23456` makes rank 0 open a rendezvous server on port 23456 — on *every* network interface
-# of the machine — and the other ranks connect to it. Any other job that chose the same number (a second
-# copy of this notebook, a colleague, a test running in parallel) collides with it: its rank 0 cannot
-# listen, or, worse, its ranks join *our* rendezvous. We do not touch 23456 here; we hold a free port, as
-# another job would, and start the program on it:
-
-# %%
-with socket.socket() as other_job:
-    other_job.bind(("127.0.0.1", 0))                  # a port the OS picks: free a moment ago
-    other_job.listen(1)
-    busy_port = other_job.getsockname()[1]
-    try:
-        labutils.launch(tensor_parallel, world_size=2, backend="gloo", init="none", timeout=60,
-                        output="quiet", kwargs=dict(init_method=f"tcp://localhost:{busy_port}", backend="gloo"))
-    except labutils.RankError as e:
-        PORT_ERROR = e
-        in_use = "EADDRINUSE" in e.remote_message or "already in use" in e.remote_message
-        print(f"rank {e.rank} raised {e.exc_type}; the port was already in use: {in_use}")
-
-# %% [markdown]
-# The error itself (its wording varies between PyTorch versions):
-
-# %% tags=["nbval-ignore-output"]
-print(PORT_ERROR.remote_message)
-
-# %% [markdown]
-# `labutils` never uses a fixed port: every launch gets a fresh one from the OS, on the loopback interface only.
+# And `print(final_result)` shows 36 of the million numbers per rank (torch summarises large tensors to their
+# corners): it verifies nothing, and without a launcher that groups the ranks' output the prints interleave.
+# Print a *check*.
 #
 # ### The fixed program, verified
-# Four fixes: the data lives on the group's device; every rank draws the **same** tensor (a seeded
+# Four fixes: the data lives on the rank's device; every rank draws the **same** tensor (a seeded
 # generator); the rows are split with `torch.tensor_split` (balanced, always `world_size` parts; section 4
-# says why) and gathered with `comm.all_gather_uneven`, which pads when the rows do not divide; and it
-# prints a check instead of the tensor. The rendezvous is `labutils`' job. We run it for 1000 rows (the
-# source's case) and for 999 (uneven):
+# says why); and it prints a check instead of the tensor. The rendezvous is the pool's job. With 999 rows (or
+# 1000 rows on 3 ranks) the blocks differ in length, and NCCL's all-gather moves the same count from every
+# rank — but every rank can compute every block's length, since all split the same tensor the same way. So:
+# pad every block to the longest, gather into one tensor, cut the padding away.
 
 # %%
+def gather_padded(block, counts, group=None):
+    """All-gather row blocks whose lengths every rank knows (counts[r] rows on rank r), in rank order."""
+    longest = max(counts)
+    padded = block.new_zeros((longest,) + tuple(block.shape[1:]))
+    padded[: block.shape[0]] = block
+    out = block.new_empty((len(counts) * longest,) + tuple(block.shape[1:]))
+    compat.all_gather_into_tensor(out, padded, group)          # one NCCL all-gather, equal counts
+    return torch.cat([out[r * longest: r * longest + c] for r, c in enumerate(counts)])
+
+
 def tensor_parallel_fixed(rank, world_size, seed=0):
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()                                     # this rank's GPU, or the CPU on gloo
+    checks = {}
     for rows in (1000, 999):
-        gen = torch.Generator().manual_seed(seed)                 # same tensor on every rank
+        gen = torch.Generator().manual_seed(seed)              # the same tensor on every rank
         tensor = torch.randn(rows, 1000, generator=gen).to(device)
-        local_tensor = torch.tensor_split(tensor, world_size, dim=0)[rank]
-        result = local_tensor * 2
-        final_result = comm.all_gather_uneven(result)          # pads to the longest block
-        print(f"{rows} x 1000: gathered == 2 x the original tensor: {torch.equal(final_result, 2 * tensor)}")
+        parts = torch.tensor_split(tensor, world_size, dim=0)
+        result = parts[rank] * 2
+        final_result = gather_padded(result, [len(p) for p in parts])
+        checks[rows] = torch.equal(final_result, 2 * tensor)
+    return checks
 
 
-_ = labutils.launch(tensor_parallel_fixed, backend=BACKEND)
+FIXED = POOL.run(tensor_parallel_fixed)
+for rows in (1000, 999):
+    print(f"{rows} rows: gathered == 2 x the original tensor on every rank: {all(c[rows] for c in FIXED)}")
 
 # %% [markdown]
 # The same text comes out on CPU/gloo and on GPUs/NCCL — the course's tests compare it.
 #
-# This program is *data* parallelism of an elementwise operation: no weight matrix is split, and the whole
-# answer is communicated. Real tensor parallelism (section 5) splits the weights so that far less has to move.
+# This program is data parallelism of an elementwise operation: no weight matrix is split, and the whole
+# answer is communicated. The source's §2.1 goes further and calls splitting a batch of images over the GPUs
+# and summing their gradients "tensor parallelism": that is **data parallelism**, which lab 08 builds by hand
+# and with DDP. Real tensor parallelism (section 5) splits the *weights*, so that far less has to move.
 # First, the collectives it uses.
 
 # %% [markdown]
-# ## 2 · `all_gather` (list) vs `all_gather_into_tensor`, and `reduce_scatter_tensor`
+# ## 2 · `all_gather` (list) vs `all_gather_into_tensor`, `reduce_scatter_tensor` and `all_reduce`
 #
 # | op | each rank gives | each rank gets | size S (nccl-tests) | busbw / algbw |
 # |---|---|---|---|---|
@@ -203,16 +264,16 @@ _ = labutils.launch(tensor_parallel_fixed, backend=BACKEND)
 # | `reduce_scatter_tensor(out, t)` | `t` (S bytes) | its 1/n of the sum | the input S | (n−1)/n |
 # | `all_reduce(t)` | `t` (S bytes) | the sum, S bytes | S | 2(n−1)/n |
 #
-# *algbw* = S / t; *busbw* = algbw × the factor: what each link must carry in a ring, comparable to the
-# hardware peak whatever n is (nccl-tests, `doc/PERFORMANCE.md`). NCCL has one all-gather, into one buffer.
-# `all_gather(list)` therefore allocates a flat buffer, runs it, then **copies** each of the n pieces into
-# your list (`ProcessGroupNCCL::allgather`); `all_gather_into_tensor` writes straight into your tensor.
-# `reduce_scatter` is the conjugate of all-gather, and an all-reduce is exactly a reduce-scatter followed by
-# an all-gather — hence its factor 2(n−1)/n. (PyTorch ≥ 2.13 renames the two `_tensor` functions
+# *algbw* = S / t; *busbw* = algbw × the factor: what each link carries in each direction in a ring,
+# comparable to the hardware peak whatever n is (nccl-tests, `doc/PERFORMANCE.md`). NCCL has one all-gather,
+# into one buffer. `all_gather(list)` therefore allocates a flat buffer, runs it, then **copies** each of the
+# n pieces into your list (`ProcessGroupNCCL::allgather`); `all_gather_into_tensor` writes straight into your
+# tensor. `reduce_scatter` is the conjugate of all-gather, and a ring all-reduce is a reduce-scatter followed
+# by an all-gather — hence its factor 2(n−1)/n. (PyTorch ≥ 2.13 renames the two `_tensor` functions
 # `all_gather_single` / `reduce_scatter_single`; `labutils.compat` calls whichever your torch has.)
 #
-# **Predict:** the NVLink peak of an H200 is 478 GB/s per direction. What busbw will `all_gather_into_tensor`
-# reach at 1 GiB on 2×H200?
+# **Predict:** the NVLink peak of an H200 is 478 GB/s per direction (18 links of 26.56 GB/s). What busbw will <!-- not measured: datasheet -->
+# `all_gather_into_tensor` reach at 1 GiB on 2×H200?
 
 # %%
 my_prediction_busbw_gbps = None  # ✍ your number, in GB/s
@@ -222,8 +283,9 @@ SWEEP_SIZES = bandwidth.size_sweep(4 * 2**10, 2**30, 4)      # 4 KiB ... 1 GiB
 
 
 def measure_collectives():
-    data = labutils.launch(measure.collective_sweep, SWEEP_SIZES, backend="nccl", timeout=300)[0]
-    return dict(data, link_peak_gbps=HW.link_peak_gbps)
+    sweep = POOL.run(measure.collective_sweep, SWEEP_SIZES, kwargs=dict(warmup=3, iters=10))[0]
+    link = POOL.run(paths.link_paths, SWEEP_SIZES[-1])[0]        # the same bytes by every path (below)
+    return dict(sweep, paths=link, link_peak_gbps=HW.link_peak_gbps)
 
 
 SWEEP = recorded.live_or_recorded("02_collectives", measure_collectives, gpus_needed=2)
@@ -235,52 +297,88 @@ plots.bandwidth_plot(sizes, {op: OPS[op]["busbw_gbps"] for op in OPS}, peak_gbps
                      title=f"busbw, {SWEEP.data['world_size']} ranks, {SWEEP.data['dtype']} — {SWEEP.label}")
 
 # %% tags=["nbval-ignore-output"]
-plots.time_plot(sizes, {op: OPS[op]["time_ms"] for op in OPS}, title=f"time per call — {SWEEP.label}")
+pd.DataFrame({(op, what): [v * 1e3 if what == "time (µs)" else v for v in OPS[op][key]]
+              for op in OPS for what, key in (("time (µs)", "time_ms"), ("busbw (GB/s)", "busbw_gbps"))},
+             index=pd.Index([bandwidth.format_size(s) for s in sizes], name="S")).round(1)
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'size':>9} | " + " | ".join(f"{op:>22}" for op in OPS) + "   (time us / busbw GB/s)")
-for i, s in enumerate(sizes):
-    print(f"{bandwidth.format_size(s):>9} | " + " | ".join(
-        f"{OPS[op]['time_ms'][i] * 1e3:9.1f} / {OPS[op]['busbw_gbps'][i]:8.1f}" for op in OPS))
-AG = OPS["all_gather_into_tensor"]
-BUSBW_1G = AG["busbw_gbps"][-1]
-print(f"\nall_gather_into_tensor at {bandwidth.format_size(sizes[-1])}: busbw {BUSBW_1G:.0f} GB/s"
-      + (f" = {BUSBW_1G / SWEEP.data['link_peak_gbps']:.0%} of the NVLink peak" if SWEEP.data["link_peak_gbps"] else ""))
-print(f"all_gather (list) / all_gather_into_tensor, time: {OPS['all_gather']['time_ms'][0] / AG['time_ms'][0]:.2f}x "
-      f"at {bandwidth.format_size(sizes[0])}, {OPS['all_gather']['time_ms'][-1] / AG['time_ms'][-1]:.2f}x at "
-      f"{bandwidth.format_size(sizes[-1])}")
+claims.show(sweep_verdicts(SWEEP.data))
 
 # %% [markdown]
 # **What the numbers say.** Small messages are latency-bound: a few KiB take about as long as a few hundred
-# KiB, so busbw is tiny there — the real content of the source's "many small parts are slow". Large messages
-# approach the link: busbw is the number to compare with 478 GB/s. The list version pays the extra copies
-# (and the allocation of the flat buffer) on top of the same NCCL kernel; prefer `all_gather_into_tensor`
-# whenever you can gather into one tensor. At the same S an all-reduce moves twice the bytes of an all-gather
-# (a reduce-scatter, then an all-gather), so expect about twice the time for large S and about the same busbw
-# — the factor 2(n−1)/n accounts for it; the table shows how close the hardware comes.
+# KiB, so busbw is tiny there — the real content of the source's "many small parts are slow" (the threshold:
+# a small call reaching at most a tenth of the large call's busbw). Large messages approach the link, and
+# busbw is the number to compare with the datasheet (the threshold "a large share" is half of it). The list
+# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at
+# 10 % more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
+# can gather into one tensor.
+#
+# Since busbw already accounts for an all-reduce moving twice the bytes of an all-gather, one might expect the
+# two to reach the same busbw (within 10 %). The verdict above says whether they do.
+#
+# ### Why a collective gets less of the link than a copy
+# A copy from one GPU's memory into the other's (`y.copy_(x)` across devices) is done by a **copy engine**, a
+# DMA unit that needs no SM. NCCL instead moves data with a **kernel**: each of its *channels* is one thread
+# block on one SM, which reads a slice of the data and writes it into a buffer on the peer GPU, chunk by chunk,
+# with flags telling the peer what has arrived (NCCL's Simple / LL / LL128 protocols); the peer's kernel copies
+# it onward (into the output, or added into a sum). How many channels a call gets is NCCL's choice (printed in
+# its `NCCL_DEBUG=INFO` log, lab 05); every channel takes an SM away from compute, so NCCL does not use them
+# all. Two more facts matter: a ring collective sends in **both directions at once** (each GPU sends to its
+# right neighbour while receiving from its left — on two GPUs, to and from the same peer), so its fair
+# comparison is a copy both ways at once; and NCCL's point-to-point `send`/`recv` uses the same kind of kernel
+# without a collective's steps. The measurement above also sent the largest size by each of these paths, and
+# ran the two collectives on communicators whose calls use a fixed number of CTAs (NCCL's `min_ctas =
+# max_ctas`: one channel per CTA):
+#
+# **Predict:** which of these three explains most of the all-gather's distance from the copy: sending both
+# ways at once, NCCL's kernel (SMs, buffers), or the number of channels NCCL chose?
+
+# %%
+my_prediction_main_cause = None  # ✍ "both ways", "kernel" or "channels"
+
+# %% tags=["nbval-ignore-output"]
+LINK = SWEEP.data.get("paths")
+if LINK:
+    link_rows = pd.DataFrame(LINK["rows"]).set_index("path")
+    display(plots.bar_plot(list(link_rows.index), list(link_rows["gbps_per_direction"]),
+                           ylabel="GB/s per direction", annotate="{:.0f}",
+                           title=f"{bandwidth.format_size(LINK['size_bytes'])} between two GPUs, every path — "
+                                 f"{SWEEP.label}"))
+    display(link_rows[["engine", "directions", "ctas", "time_ms", "gbps_per_direction", "spread"]].round(3))
+    claims.show(paths_verdicts(LINK))
+else:
+    print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
+
+# %% [markdown]
+# **Reading it.** The verdicts judge three things with explicit thresholds, a tenth either way, well above the run-to-run spread the figure reports: whether the
+# link carries both directions at nearly the one-way rate (then "both ways" cannot be the main cause); whether
+# the all-gather moves less per direction than a copy both ways (then the link is not what limits it); and
+# whether giving NCCL more CTAs raises the all-gather's busbw (then the number of channels is). NCCL's own
+# send/recv both ways sits between: the same kind of kernel, no collective steps. Compare with your prediction.
+# The default is a trade-off: a training step overlaps communication with compute, and every channel's SM is
+# missing from the matmuls beside it.
 
 # %% [markdown]
 # ## 3 · "GPU-to-GPU transfers pay for serialisation" — tested
 #
 # A tensor is already a block of bytes in GPU memory. NCCL's kernels copy those bytes over NVLink into the
-# peer's memory (through NCCL's buffers, in its Simple / LL / LL128 protocols): nothing is serialised.
-# Pickling happens only in the *object* collectives — `all_gather_object`, `broadcast_object_list`, … —
-# which turn any Python object into bytes, all-gather the sizes, pad, all-gather the bytes and unpickle (the
-# padding trick of section 4, done by PyTorch). Their documentation warns: *"Calling all_gather_object() with
-# GPU tensors is not well supported and inefficient as it incurs GPU → CPU transfer since tensors would be
-# pickled."* So measure both paths on the same tensor, and count the bytes NVLink carried (NVML's data
-# counter, when the machine exposes it).
+# peer's memory (through NCCL's buffers, as above): nothing is serialised. Pickling happens only in the
+# *object* collectives — `all_gather_object`, `broadcast_object_list`, … — which turn any Python object into
+# bytes, all-gather the sizes, pad, all-gather the bytes and unpickle (the padding trick of exercise 1, done
+# by PyTorch). Their documentation warns: *"Calling all_gather_object() with GPU tensors is not well supported
+# and inefficient as it incurs GPU → CPU transfer since tensors would be pickled."* So measure both paths on
+# the same tensor, and count the bytes NVLink carried (NVML's data counter, when the machine exposes it).
 #
-# **Predict:** how many times slower is `all_gather_object` than `all_gather_into_tensor` for a 64 MiB tensor?
+# **Predict:** how many times slower is `all_gather_object` than `all_gather_into_tensor` for a 16 MiB tensor?
 
 # %%
 my_prediction_object_slowdown = None  # ✍ your number (a ratio)
 
 # %% tags=["nbval-ignore-output"]
-OBJECT_SIZES = [4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20]
+OBJECT_SIZES = [4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20]
 OBJ = recorded.live_or_recorded(
     "02_object_vs_tensor",
-    lambda: labutils.launch(measure.object_vs_tensor, OBJECT_SIZES, backend="nccl", timeout=300)[0],
+    lambda: POOL.run(measure.object_vs_tensor, OBJECT_SIZES, kwargs=dict(repeat=3, link_iters=2))[0],
     gpus_needed=2)
 rows = OBJ.data["rows"]
 osz = [r["size_bytes"] for r in rows]
@@ -291,29 +389,25 @@ plots.time_plot(osz, {"all_gather_into_tensor": [r["tensor_ms"] for r in rows],
                 prediction=star, title=f"one tensor per rank, gathered two ways — {OBJ.label}")
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'tensor':>9} {'pickled':>10} {'tensor path':>12} {'object path':>12} {'slower':>7} {'pickle':>9} {'unpickle':>9}")
-for r in rows:
-    print(f"{bandwidth.format_size(r['size_bytes']):>9} {r['pickled_bytes']:>10} {r['tensor_ms']:>10.3f}ms "
-          f"{r['object_ms']:>10.3f}ms {r['object_ms'] / r['tensor_ms']:>6.0f}x {r['pickle_ms']:>7.3f}ms {r['unpickle_ms']:>7.3f}ms")
-SLOWDOWN = rows[-1]["object_ms"] / rows[-1]["tensor_ms"]
+display(pd.DataFrame({"tensor": [bandwidth.format_size(r["size_bytes"]) for r in rows],
+                      "pickled bytes": [r["pickled_bytes"] for r in rows],
+                      "tensor path (ms)": [r["tensor_ms"] for r in rows],
+                      "object path (ms)": [r["object_ms"] for r in rows],
+                      "object / tensor": [r["object_ms"] / r["tensor_ms"] for r in rows],
+                      "pickle (ms)": [r["pickle_ms"] for r in rows],
+                      "unpickle (ms)": [r["unpickle_ms"] for r in rows]}).set_index("tensor").round(3))
 print("devices of the tensors all_gather_object handed back:", rows[-1]["received_devices"])
-link = OBJ.data["link"]
-print(f"\nNVLink bytes per call at {bandwidth.format_size(link['size_bytes'])} per rank "
-      f"(payload that must move: {link['payload_bytes_per_call'] / 2**20:.1f} MiB):")
-for path in ("tensor", "object"):
-    b = link[f"{path}_link_bytes_per_call"]
-    print(f"  {path:>6} path: " + (f"{b / 2**20:.1f} MiB = {b / link['payload_bytes_per_call']:.2f} x payload"
-                                   if b is not None else "NVML counter not available on this machine"))
+claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data))
 
 # %% [markdown]
-# **Verdict.** For tensors the claim is false: NCCL moves the tensor's own bytes — where the NVML counter is
-# available, the tensor path's NVLink bytes above are the payload, not a serialised copy of it — and the cost
-# is the link's. The object path puts about the same bytes on NVLink (the pickle adds only a small header,
-# see the "pickled" column), yet it is slower by the factor above because of what happens *around* the
-# transfer: a GPU → CPU copy and a pickle on the sender, a CPU → GPU copy, two collectives, a GPU → CPU copy
-# and an unpickle on every receiver. Note also where the unpickled tensors land: on the GPU they were pickled
-# from, so rank 0 ends up holding a tensor on its peer's GPU. Use object collectives for small Python
-# metadata only.
+# **Verdict.** The first line judges the claim by the bytes: if NCCL serialised a tensor, NVLink would carry
+# more than the tensor (a threshold of a tenth more leaves room for the counter's granularity and NCCL's
+# flags). The object path puts about the same bytes on NVLink — the pickle adds only a small header (the
+# "pickled bytes" column) — yet it is slower because of what happens *around* the transfer: a GPU → CPU copy
+# and a pickle on the sender, a CPU → GPU copy, two collectives, a GPU → CPU copy and an unpickle on every
+# receiver (the second line: at least ten times slower counts as "far more"). Note also where the unpickled
+# tensors land: on the GPU they were pickled from, so rank 0 ends up holding a tensor on its peer's GPU. Use
+# object collectives for small Python metadata only.
 
 # %% [markdown]
 # ## 4 · Partition balance (source §4.1)
@@ -322,39 +416,45 @@ for path in ("tensor", "object"):
 # **fewer than n** chunks. `torch.tensor_split(t, n)` always returns n parts whose sizes differ by at most one:
 
 # %%
-print(" n | torch.chunk(1000 rows)           | torch.tensor_split(1000 rows)")
-for n in range(2, 9):
-    chunk = [len(c) for c in torch.chunk(torch.empty(1000), n)]
-    split = [len(c) for c in torch.tensor_split(torch.empty(1000), n)]
-    print(f"{n:>2} | {str(chunk):<32} | {split}")
+pd.DataFrame({"torch.chunk(1000 rows)": {n: str([len(c) for c in torch.chunk(torch.empty(1000), n)]) for n in range(2, 9)},
+              "torch.tensor_split(1000 rows)": {n: str([len(c) for c in torch.tensor_split(torch.empty(1000), n)])
+                                                for n in range(2, 9)}}).rename_axis("n")
+
+# %%
 print("torch.chunk of 10 rows into 6 parts gives", len(torch.chunk(torch.empty(10), 6)),
       "parts: rank 5 of the source program would raise IndexError")
 
 # %% [markdown]
 # NCCL's `ncclAllGather` moves the **same count** from every rank, and NCCL does not check that the ranks
 # agree: the source's `empty_like(result)` buffers are sized from each rank's *own* block, so with uneven
-# blocks the ranks pass different counts — undefined behaviour (a hang, a crash, or wrong data), not an
-# error. `TORCH_DISTRIBUTED_DEBUG=DETAIL` makes PyTorch compare every collective's shapes across ranks first
-# and raise instead. Then the fix — pad to the longest block, one `all_gather_into_tensor`, drop the padding:
+# blocks the ranks pass different counts — undefined behaviour (a hang, a crash, or wrong data), not an error.
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` makes PyTorch compare every collective's shapes across ranks first and raise
+# instead; `dist.set_debug_level` does the same for the groups made after it. The source's call on such a
+# group, then the fix of section 1:
 
 # %%
 def uneven_source_style(rank, world_size):
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-    tensor = torch.randn(999, 1000, generator=torch.Generator().manual_seed(0)).to(device)
-    result = torch.chunk(tensor, world_size, dim=0)[rank] * 2           # 500 and 499 rows
+    old = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)      # = TORCH_DISTRIBUTED_DEBUG=DETAIL, for new groups
+    checked = dist.new_group(backend=dist.get_backend())
+    dist.set_debug_level(old)
+    tensor = torch.randn(999, 1000, generator=torch.Generator().manual_seed(0)).to(rank_device())
+    result = torch.chunk(tensor, world_size, dim=0)[rank] * 2           # 500 and 499 rows on 2 ranks
     all_results = [torch.empty_like(result) for _ in range(world_size)]
     try:
-        dist.all_gather(all_results, result)
+        dist.all_gather(all_results, result, group=checked)
         verdict = "no error (!)"
     except RuntimeError as e:
         shapes = re.findall(r"TensorShape=\[([\d, ]+)\]", str(e))
         verdict = f"caught a mismatch: {'Detected mismatch' in str(e)}, shapes {shapes}"
-    padded = comm.all_gather_uneven(result)
+    finally:
+        dist.destroy_process_group(checked)
+    counts = [len(p) for p in torch.chunk(tensor, world_size, dim=0)]
+    padded = gather_padded(result, counts)
     return f"source-style all_gather: {verdict}; padded all_gather == 2 x tensor: {torch.equal(padded, 2 * tensor)}"
 
 
-for r, line in enumerate(labutils.launch(uneven_source_style, world_size=2, backend=BACKEND, output="quiet",
-                                         env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})):
+for r, line in enumerate(POOL.run(uneven_source_style)):
     print(f"rank {r}: {line}")
 
 # %% [markdown]
@@ -362,9 +462,9 @@ for r, line in enumerate(labutils.launch(uneven_source_style, world_size=2, back
 # backend emulates it with one broadcast per rank (`ProcessGroupNCCL::allgather`, "unequal size" branch) —
 # correct, but n collectives instead of one.
 #
-# **What imbalance costs.** A step is "compute, then all-gather"; rank 0 gets k × the rows of every other
-# rank. The all-gather cannot finish before rank 0 arrives, so the step takes as long as rank 0's compute,
-# and the other ranks wait *inside the collective*. One launch measures this and tries the unequal-size list.
+# **What imbalance costs.** A step is "compute, then all-gather"; rank 0 gets k times the rows of every other
+# rank. The all-gather cannot finish before rank 0 arrives, so the step takes as long as rank 0's compute, and
+# the other ranks wait *inside the collective*. One call measures this and tries the unequal-size list.
 #
 # **Predict:** with k = 4, how many times longer is a step than with k = 1?
 
@@ -372,71 +472,224 @@ for r, line in enumerate(labutils.launch(uneven_source_style, world_size=2, back
 my_prediction_step_ratio = None  # ✍ your number (a ratio)
 
 # %% tags=["nbval-ignore-output"]
-FACTORS = [1, 1.25, 1.5, 2, 3, 4]
-PART = recorded.live_or_recorded(
-    "02_partitions", lambda: labutils.launch(measure.partitions, FACTORS, backend="nccl", timeout=300)[0],
-    gpus_needed=2)
+FACTORS = [1, 1.5, 2, 3, 4]
+PART = recorded.live_or_recorded("02_partitions", lambda: POOL.run(measure.partitions, FACTORS)[0], gpus_needed=2)
 for backend, outcome in PART.data["uneven_list"].items():
     print(f"[{PART.label}] all_gather into a list of unequal tensors, {backend:>5}: {outcome}")
 if not PART.live:
     print(f"[live: this machine] all_gather into a list of unequal tensors,  gloo: "
-          f"{labutils.launch(verify.uneven_list_gather, backend='gloo', world_size=2)[0]['gloo']}")
+          f"{GLOO.run(verify.uneven_list_gather)[0]['gloo']}")
 d = PART.data["imbalance"]
 step = [max(s) for s in d["step_ms"]]
-unit, gather1 = d["compute_ms"][0][1], d["all_gather_ms"][0][1]
-series = {"step (slowest rank)": step,
-          "rank 0 compute": [c[0] for c in d["compute_ms"]],
-          "rank 1 all_gather (incl. waiting)": [g[1] for g in d["all_gather_ms"]],
-          "model: k x compute(k=1) + all_gather(k=1)": [k * unit + gather1 for k in d["factors"]]}
 star = (4, step[0] * my_prediction_step_ratio) if my_prediction_step_ratio else None
-plots.line_plot(d["factors"], series, xlabel="k (rank 0 has k x the rows of the others)", ylabel="ms",
-                dashed=["model: k x compute(k=1) + all_gather(k=1)"], prediction=star,
+plots.line_plot(d["factors"], {"step (slowest rank)": step, "rank 0 compute": [c[0] for c in d["compute_ms"]],
+                               "rank 1 compute": [c[1] for c in d["compute_ms"]],
+                               "rank 0 all_gather": [g[0] for g in d["all_gather_ms"]],
+                               "rank 1 all_gather (incl. waiting)": [g[1] for g in d["all_gather_ms"]]},
+                xlabel="k (rank 0 has k times the rows of the others)", ylabel="ms", prediction=star,
                 title=f"imbalance: unit = ({d['rows']} x {d['cols']}) @ ({d['cols']} x {d['out_cols']}), "
                       f"{d['world_size']} ranks — {PART.label}")
 
 # %% tags=["nbval-ignore-output"]
-for k, s, c, g in zip(d["factors"], step, d["compute_ms"], d["all_gather_ms"]):
-    print(f"k = {k:<4}: step {s:6.3f} ms | compute per rank {[round(x, 3) for x in c]} ms | "
-          f"all_gather per rank {[round(x, 3) for x in g]} ms")
-IMB_RATIO = step[d["factors"].index(4)] / step[0]
-print(f"\nk = 4 makes the step {IMB_RATIO:.2f}x longer; rank 1 spends {d['all_gather_ms'][-1][1]:.3f} ms per step "
-      f"in all_gather, of which about {d['all_gather_ms'][-1][1] - gather1:.3f} ms is waiting for rank 0.")
+display(pd.DataFrame({"step (ms)": step, "compute per rank (ms)": [[round(x, 3) for x in c] for c in d["compute_ms"]],
+                      "all_gather per rank (ms)": [[round(x, 3) for x in g] for g in d["all_gather_ms"]]},
+                     index=pd.Index(d["factors"], name="k")).round(3))
+print(f"step at k = {d['factors'][-1]} / step at k = 1: {step[-1] / step[0]:.2f}")
+claims.show(CLAIMS["02_partitions"](PART.data))
 
 # %% [markdown]
-# **Reading it.** The step grows with k along the dashed model, and the fast ranks' compute stays flat while
-# their all_gather time grows: the idle time does not show up as idle — it shows up as a slow collective on
-# the fast ranks, and a profiler would blame NCCL. So the source's §4.1 is right, and the fix is cheap:
-# balance first (`tensor_split`: at most one row of difference), then pad; padding costs at most one row per
-# rank on the wire.
+# **Reading it.** Rank 0's compute grows with k while the fast ranks' compute stays flat — and their
+# all_gather time grows instead. Rank 0's own all_gather grows a little too: every block is padded to rank 0's
+# length, so more bytes move. The idle time does not show up as idle: it shows up as a slow collective on the
+# fast ranks, and a profiler would blame NCCL. The verdicts: the fast ranks "idle" if they wait a quarter of
+# the step or more, and their wait "is" rank 0's extra compute if the two agree within a quarter. So the
+# source's §4.1 is right, and the fix is cheap: balance first (`tensor_split`: at most one row of difference),
+# then pad; padding costs at most one row per rank on the wire.
+#
+# ### Exercise 1 — all-gather blocks whose lengths only their own rank knows
+# In section 1 every rank could compute every block's length. Often it cannot: after filtering, routing or
+# sampling, each rank knows only its own count. Write `my_gather_rows_uneven(x, group)`: `x` is this rank's
+# block of rows (a rank may have none); return every rank's rows concatenated in rank order, on every rank. Use
+# one `compat.all_gather_into_tensor(output, input, group)` for the data, plus whatever small collective you
+# need first (and `gather_padded` from section 1 if you like). The checker runs it on 2 gloo ranks.
+
+# %%
+def my_gather_rows_uneven(x, group=None):
+    raise NotImplementedError  # ✍ your code here
+
+
+# %%
+check.gather_rows_uneven(my_gather_rows_uneven, pool=GLOO)
 
 # %% [markdown]
 # ## 5 · Real tensor parallelism, Megatron style
 #
-# Megatron-LM (Shoeybi et al. 2019, §3) splits the *weights* of a transformer MLP `Z = GeLU(X A) B`:
+# Megatron-LM (Shoeybi et al. 2019, §3) splits the *weights* of a transformer MLP `Z = GeLU(X A) B` over p ranks:
 #
 # * **column-parallel** `A = [A_1, …, A_p]`: rank i computes `Y_i = GeLU(X A_i)` — no communication, because
 #   GeLU is elementwise and each column of `Y` needs only its column of `A`;
 # * **row-parallel** `B = [B_1; …; B_p]`: rank i computes the partial product `Y_i B_i`, and **one all-reduce**
-#   (Megatron's `g`) sums them: `Z = Σ_i Y_i B_i`;
-# * backward mirrors it: `g`'s backward is the identity, and the operator `f` in front of the column layer
-#   all-reduces `dL/dX` (each rank holds only its part of it).
+#   sums them: `Z = Σ_i Y_i B_i`.
 #
-# So a forward pass moves `tokens × hidden` elements once, however large the 4 × hidden inner layer is. The
-# code is in `labutils/labs/lab02_tensor_parallel/layers.py` (`ColumnParallelLinear`, `RowParallelLinear`,
-# `TensorParallelMLP`), the autograd-aware communication in `comm.py` beside it (`copy_to_tp_region` = f,
-# `reduce_from_tp_region` = g). `ColumnParallelLinear(gather_output=True)` is the source's pattern done right:
-# all-gather of a column-split output.
+# Two conjugate operators carry all the communication, forward *and* backward:
 #
-# Check it: a one-device `nn.Sequential(Linear, GELU, Linear)`, sharded onto the ranks with
-# `TensorParallelMLP.from_sequential`; forward output and every gradient compared with
-# `torch.testing.assert_close` (in float64, so that rounding cannot hide a bug):
+# | operator | forward | backward | where |
+# |---|---|---|---|
+# | `f` | identity: every rank already has `X` | all-reduce: `dL/dX = Σ_i dL/dX` through each `A_i` | in front of the column layer |
+# | `g` | all-reduce: `Z = Σ_i Y_i B_i` | identity: `∂Z/∂(Y_i B_i) = 1` | after the row layer |
+#
+# So a forward pass moves `tokens × hidden` elements once, and so does the backward pass, however large the
+# inner layer is. In PyTorch an operator with a hand-written backward is a `torch.autograd.Function`:
 
 # %%
-VERIFY = labutils.launch(verify.verify_mlp, backend=BACKEND, output="quiet",
-                         kwargs=dict(hidden=64, ffn_hidden=840, tokens=8))   # 840: divisible by 1..8 ranks
-for name, verdict in VERIFY[0].items():
-    print(f"{name:<26} {verdict}")
-print("every rank agrees:", all(v == VERIFY[0] for v in VERIFY))
+class CopyToTP(torch.autograd.Function):
+    """Megatron's f: identity forward; backward all-reduces (sums) the gradient over the group."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()                       # autograd may hand this same tensor to other branches
+        dist.all_reduce(grad, group=ctx.group)    # X fed every rank's A_i: its gradient is the sum
+        return grad, None                         # one gradient per forward input (none for group)
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: forward all-reduces (sums) the partial results; backward is the identity."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()                             # leave the caller's tensor alone (Megatron reduces in place)
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None                         # each rank's term entered the sum with weight 1
+
+
+# %% [markdown]
+# Checked on the lab's ranks against their definitions: `f(x) = x`, and its input gradient is the sum of every
+# rank's output gradient (each rank weights the output differently here); `g` sums every rank's input, and
+# hands the output gradient back unchanged (float64, `torch.testing.assert_close`):
+
+# %%
+verify.table(POOL.run(verify.operators, CopyToTP, ReduceFromTP))
+
+# %% [markdown]
+# ### The column-parallel layer
+# `nn.Linear` stores `Aᵀ` (`weight` is `[out_features, in_features]`), so "A's columns `A_i`" are rows of the
+# weight: `weight.chunk(p, dim=0)[rank]`, and the matching slice of the bias. Built here from an existing
+# `nn.Linear`, so that the check can compare against it exactly (Megatron initialises each shard on its own
+# GPU instead of building the whole layer first):
+
+# %%
+class ColumnParallelLinear(nn.Module):
+    """Y_i = X A_i + b_i: this rank's share of the output columns of an nn.Linear."""
+
+    def __init__(self, linear: nn.Linear, group=None):
+        super().__init__()
+        rank, p = dist.get_rank(group), dist.get_world_size(group)
+        if linear.out_features % p:
+            raise ValueError(f"out_features = {linear.out_features} does not split into {p} equal shards. "
+                             f"HINT: use a multiple of {p} (or pad the layer).")
+        self.group = group
+        self.weight = nn.Parameter(linear.weight.detach().chunk(p, dim=0)[rank].clone())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().chunk(p, dim=0)[rank].clone())
+
+    def forward(self, x):
+        x = CopyToTP.apply(x, self.group)              # f: nothing now, the all-reduce of dL/dX in backward
+        return F.linear(x, self.weight, self.bias)     # X A_i + b_i: no communication
+
+
+# %% [markdown]
+# Check it against the `nn.Linear` it came from, on every rank: rank r's output is the r-th block of columns
+# of the layer's output, each rank gets the gradient of its own columns, and after `f` every rank holds the
+# *whole* gradient of `X`:
+
+# %%
+verify.table(POOL.run(verify.column_parallel, ColumnParallelLinear))
+
+# %% [markdown]
+# ### Exercise 2 — the source's `all_gather`, done right inside autograd
+# Sometimes the next layer needs the whole `Y` on every rank (the source gathered a column-split result too).
+# Write the autograd operator that all-gathers the column-parallel output along the last dimension: forward
+# returns every rank's `Y_i` side by side, in rank order; backward returns *this rank's* columns of the
+# incoming gradient (every rank holds the whole `dL/dY` already, and `f` in front of the layer sums `dL/dX`).
+# The checker puts it behind your `ColumnParallelLinear` and compares with `nn.Linear` on 2 gloo ranks,
+# gradients included.
+
+# %%
+class MyGatherFromTP(torch.autograd.Function):
+    """All-gather y_shard along the last dim (rank order); backward: this rank's columns of the gradient."""
+
+    @staticmethod
+    def forward(ctx, y_shard, group):
+        raise NotImplementedError  # ✍ your code here
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError  # ✍ your code here
+
+
+# %%
+check.gather_from_tp(MyGatherFromTP, ColumnParallelLinear, pool=GLOO)
+
+# %% [markdown]
+# ### The row-parallel layer
+# The rows `B_i` of `B` are columns of the weight: `weight.chunk(p, dim=1)[rank]`. The layer's input is this
+# rank's slice `X_i` of the features — exactly what the column layer left on the rank. The bias is whole on
+# every rank and is added once, *after* the sum (before it, it would be counted p times):
+
+# %%
+class RowParallelLinear(nn.Module):
+    """Z = Σ_i X_i B_i + b: this rank holds the rows of B that meet its slice X_i of the input features."""
+
+    def __init__(self, linear: nn.Linear, group=None):
+        super().__init__()
+        rank, p = dist.get_rank(group), dist.get_world_size(group)
+        if linear.in_features % p:
+            raise ValueError(f"in_features = {linear.in_features} does not split into {p} equal shards. "
+                             f"HINT: use a multiple of {p} (or pad the layer).")
+        self.group = group
+        self.weight = nn.Parameter(linear.weight.detach().chunk(p, dim=1)[rank].clone())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x_shard):
+        partial = F.linear(x_shard, self.weight)       # X_i B_i: this rank's term of the sum
+        z = ReduceFromTP.apply(partial, self.group)    # g: the sum over ranks, on every rank
+        return z if self.bias is None else z + self.bias
+
+
+# %%
+verify.table(POOL.run(verify.row_parallel, RowParallelLinear))
+
+# %% [markdown]
+# ### The MLP: one all-reduce forward, one backward
+# Chained, the two layers need nothing between them: the column layer leaves `Y_i` on rank i, the row layer
+# wants exactly `Y_i`. Built from a one-device `nn.Sequential(Linear, GELU, Linear)` and checked against it —
+# output and every gradient, in float64 so that rounding cannot hide a bug:
+
+# %%
+class TensorParallelMLP(nn.Module):
+    """Megatron's MLP Z = GeLU(X A) B from a one-device nn.Sequential(Linear(h, f), GELU, Linear(f, h))."""
+
+    def __init__(self, mlp: nn.Sequential, group=None):
+        super().__init__()
+        up, act, down = mlp
+        self.up = ColumnParallelLinear(up, group)     # Y_i = GeLU(X A_i): stays on this rank
+        self.act = act
+        self.down = RowParallelLinear(down, group)    # Z = Σ_i Y_i B_i: the one all-reduce (g)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+# %%
+verify.table(POOL.run(verify.mlp, TensorParallelMLP))
 
 # %% [markdown]
 # **Predict:** on 2×H200, forward + backward of the MLP with hidden = 16384, 4096 tokens, bf16: what speedup
@@ -451,21 +704,22 @@ TOKENS = 4096
 
 
 def measure_tp_mlp():
-    n = 1 << (len(HW.gpus).bit_length() - 1)   # a power of two, so that it divides every 4 x hidden
-    rows = labutils.launch(measure.tp_mlp_sweep, HIDDENS, world_size=n, backend="nccl", timeout=400,
-                           kwargs=dict(tokens=TOKENS))[0]          # rank 0's baseline, on its own GPU
+    n = 1 << (POOL.world_size.bit_length() - 1)   # a power of two, so that it divides every 4 x hidden
+    rows = POOL.run(steps.tp_mlp_sweep, TensorParallelMLP, HIDDENS,
+                    kwargs=dict(tokens=TOKENS, tp_size=n))[0]         # baseline: rank 0's own GPU
     return {"world_size": n, "rows": rows}
 
 
 TP = recorded.live_or_recorded("02_tp_mlp", measure_tp_mlp, gpus_needed=2)
-N_TP, TP_TOKENS = TP.data["world_size"], TP.data["rows"][0]["tokens"]
-ar = OPS["all_reduce"]
-FIT = bandwidth.fit_alpha_beta(ar["size_bytes"], ar["time_ms"])      # section 2's all_reduce sweep
-hs = [r["hidden"] for r in TP.data["rows"]]
-speed = {m: [r[f"one_gpu_{m}_ms"] / r[f"tp_{m}_ms"] for r in TP.data["rows"]] for m in ("fwd", "train")}
-model = {m: [r[f"one_gpu_{m}_ms"] / cost_model.tp_step_ms(r[f"one_gpu_{m}_ms"], N_TP, FIT.predict_ms(r["allreduce_bytes"]),
-                                                        1 if m == "fwd" else 2) for r in TP.data["rows"]]
-         for m in ("fwd", "train")}
+N_TP, TP_ROWS = TP.data["world_size"], TP.data["rows"]
+TP_TOKENS = TP_ROWS[0]["tokens"]
+FIT = allreduce_fit(SWEEP.data)                                      # section 2's all_reduce sweep
+hs = [r["hidden"] for r in TP_ROWS]
+speed = {m: [r[f"one_gpu_{m}_ms"] / r[f"tp_{m}_ms"] for r in TP_ROWS] for m in ("fwd", "train")}
+model_fwd = [r["one_gpu_fwd_ms"] / cost_model.tp_step_ms(
+    r["one_gpu_fwd_ms"], N_TP, cost_model.allreduce_ms(r["allreduce_bytes"], N_TP, FIT.alpha_us, FIT.beta_gbps))
+    for r in TP_ROWS]
+model_train = [r["one_gpu_train_ms"] / model_train_ms(r, N_TP, FIT) for r in TP_ROWS]
 star = (hs[-1], my_prediction_speedup) if my_prediction_speedup else None
 
 
@@ -476,142 +730,110 @@ def plain_ticks(fig):
     return fig
 
 
-fig_tp = plots.line_plot(hs, {"measured, forward": speed["fwd"], "measured, forward + backward": speed["train"],
-                     "model, forward": model["fwd"], "model, forward + backward": model["train"]},
-                xlabel="hidden size (ffn = 4 x hidden)", ylabel=f"speedup, {N_TP} GPUs vs 1", logx=True,
-                dashed=["model, forward", "model, forward + backward"], prediction=star,
-                hline=(1.0, "break-even"),
-                title=f"TP MLP, {TP_TOKENS} tokens, {TP.data['rows'][0]['dtype']} — {TP.label}")
-plain_ticks(fig_tp)
+plain_ticks(plots.line_plot(hs, {"measured, forward": speed["fwd"], "measured, forward + backward": speed["train"],
+                                 "model, forward": model_fwd, "model, forward + backward": model_train},
+                            xlabel="hidden size (ffn = 4 x hidden)", ylabel=f"speedup, {N_TP} GPUs vs 1", logx=True,
+                            dashed=["model, forward", "model, forward + backward"], prediction=star,
+                            hline=(1.0, "break-even"),
+                            title=f"TP MLP, {TP_TOKENS} tokens, {TP_ROWS[0]['dtype']} — {TP.label}"))
 
 # %% tags=["nbval-ignore-output"]
-share = {"forward": [r["allreduce_fwd_ms"] / r["tp_fwd_ms"] for r in TP.data["rows"]],
-         "forward + backward": [2 * r["allreduce_train_ms"] / r["tp_train_ms"] for r in TP.data["rows"]]}
-plain_ticks(plots.line_plot(hs, {k: [100 * x for x in v] for k, v in share.items()}, xlabel="hidden size", logx=True,
-                            ylabel="% of the TP step in all-reduce", title=f"share of time in communication — {TP.label}"))
-
-# %% tags=["nbval-ignore-output"]
-print(f"all_reduce fit from section 2: {FIT}   (max error {FIT.max_rel_err:.0%})")
-print(f"{'hidden':>6} {'AR size':>8} | {'1 GPU fwd':>9} {'TP fwd':>8} {'speedup':>7} {'model':>6} | "
-      f"{'1 GPU f+b':>9} {'TP f+b':>8} {'speedup':>7} {'model':>6} | {'AR in step':>10} {'AR fit':>8} {'comm share':>10}")
-for i, r in enumerate(TP.data["rows"]):
-    print(f"{r['hidden']:>6} {bandwidth.format_size(r['allreduce_bytes']):>8} | {r['one_gpu_fwd_ms']:>7.3f}ms "
-          f"{r['tp_fwd_ms']:>6.3f}ms {speed['fwd'][i]:>6.2f}x {model['fwd'][i]:>5.2f}x | {r['one_gpu_train_ms']:>7.3f}ms "
-          f"{r['tp_train_ms']:>6.3f}ms {speed['train'][i]:>6.2f}x {model['train'][i]:>5.2f}x | "
-          f"{r['allreduce_fwd_ms'] * 1e3:>8.1f}us {FIT.predict_ms(r['allreduce_bytes']) * 1e3:>6.1f}us "
-          f"{share['forward + backward'][i]:>9.0%}")
-TP_SPEEDUP = speed["train"][-1]
-paying = [h for h, s in zip(hs, speed["train"]) if s >= 1.0]
-print(f"\nBenchmark: TP MLP forward+backward speedup on {N_TP} GPUs at hidden {hs[-1]}: {TP_SPEEDUP:.2f}x "
-      f"(forward only: {speed['fwd'][-1]:.2f}x) [{TP.label}]; all_gather_into_tensor busbw at "
-      f"{bandwidth.format_size(sizes[-1])}: {BUSBW_1G:.0f} GB/s [{SWEEP.label}]")
-if paying and paying[0] != hs[0]:
-    print(f"Tensor parallelism stops paying below hidden = {paying[0]} at {TP_TOKENS} tokens (forward + backward).")
-elif paying:
-    print(f"Tensor parallelism paid at every size shown (down to hidden = {hs[0]}, {TP_TOKENS} tokens).")
-else:
-    print("Tensor parallelism did not pay at any size shown.")
+display(pd.DataFrame({"all-reduce size": [bandwidth.format_size(r["allreduce_bytes"]) for r in TP_ROWS],
+                      "1 GPU fwd (ms)": [r["one_gpu_fwd_ms"] for r in TP_ROWS], "TP fwd (ms)": [r["tp_fwd_ms"] for r in TP_ROWS],
+                      "speedup fwd": speed["fwd"], "model fwd": model_fwd,
+                      "1 GPU fwd+bwd (ms)": [r["one_gpu_train_ms"] for r in TP_ROWS],
+                      "TP fwd+bwd (ms)": [r["tp_train_ms"] for r in TP_ROWS],
+                      "speedup fwd+bwd": speed["train"], "model fwd+bwd": model_train},
+                     index=pd.Index(hs, name="hidden")).round(3))
+print(f"all_reduce fit from section 2: {FIT}   (largest deviation {FIT.max_rel_err:.0%})")
+claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 
 # %% [markdown]
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
-# all-reduce per forward pass and 2 per forward + backward. Compute grows as hidden², the all-reduce only as
-# hidden: large layers approach the ideal speedup, small ones lose — the all-reduce's fixed latency and the
-# halved matmuls' lower efficiency (the model assumes exactly half the one-GPU time) dominate. Where the
-# measured speedup falls below the model, the split matmuls ran less efficiently than half the big one; where
-# it falls below 1, tensor parallelism costs more than it saves. That is why it is used within a node
-# (NVLink) and for wide layers, and why later Megatron-LM versions split each all-reduce into a
-# reduce-scatter and an all-gather (sequence parallelism, Korthikanti et al. 2022) and overlap them with the
-# matmuls.
+# all-reduce per forward pass and 2 per forward + backward, `t_allreduce` from section 2's alpha–beta fit.
+# Compute grows as hidden², the all-reduce only as hidden: wide layers approach the ideal speedup, narrow ones
+# lose — the all-reduce's fixed cost and the halved matmuls' lower efficiency (the model assumes exactly half
+# the one-GPU time) dominate. The verdicts: "speeds up a wide MLP" needs at least half of the ideal extra speed
+# (1.5 on 2 GPUs), "slows down a narrow one" a speedup below 1, and the model "predicts" the wide step if
+# within a quarter. That is why tensor parallelism is used within a node (NVLink) and for wide layers, and why
+# later Megatron-LM versions split each all-reduce into a reduce-scatter and an all-gather (sequence
+# parallelism, lab 09) and overlap them with the matmuls.
 #
-# The measured all-reduce times inside these steps are recorded in `recorded/02_comm_summary.json`, for the
-# capstone (lab 06) to predict from its own fits:
-
-# %% tags=["nbval-ignore-output"]
-SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: cost_model.comm_summary(TP.data["rows"], N_TP),
-                                    gpus_needed=2)
-for op in SUMMARY.data["ops"]:
-    print(f"{op['what']:<52} {op['size_bytes']:>10} B  {op['measured_ms'] * 1e3:8.1f} us of a {op['step_ms']:.3f} ms step")
-
-# %% [markdown]
-# ## 6 · Exercises
+# ### What an all-reduce costs inside a step
+# The measurement also profiled a few TP steps (`torch.profiler`) and kept, on every rank, the device time of
+# each NCCL all-reduce kernel. Call i is the same all-reduce on every rank; its kernel starts when *its* rank's
+# GPU gets there and ends when the data of every rank has arrived. The rank that arrives first therefore spins
+# inside the kernel until the last one comes: the longest of the ranks' kernel times is what the call cost the
+# step, the shortest is the transfer itself — what a standalone benchmark of the same all-reduce measures.
 #
-# ### Exercise 1 — all-gather blocks of different lengths
-# Write `my_gather_rows_uneven(x, group)`: `x` is this rank's block of rows (the counts differ between ranks,
-# a rank may have none); return every rank's rows concatenated in rank order, on every rank. Use one
-# `compat.all_gather_into_tensor(output, input, group)` for the data (plus whatever small collective you
-# need first). The checker runs it on 3 gloo ranks.
+# ### Exercise 3 — transfer and wait, from every rank's kernel times
+# Write `my_transfer_and_wait(calls_ms)`: `calls_ms[rank][i]` is the kernel time (ms) of call i on that rank.
+# Return `(transfer_ms, wait_ms)`: per call, the transfer is the shortest time over the ranks and the wait the
+# longest minus the shortest; return the median of each over the calls.
 
 # %%
-def my_gather_rows_uneven(x, group=None):
-    raise NotImplementedError  # ✍ your code here
-
-
-# %%
-check.gather_rows_uneven(my_gather_rows_uneven)
-
-# %% [markdown]
-# ### Exercise 2 — the row-parallel layer
-# Write the forward of `RowParallelLinear`: `x_shard` is this rank's slice `X_i` of the input features,
-# `weight_shard` the matching columns `B_i` of the `nn.Linear` weight (`[out, in / p]`), `bias` the full bias.
-# Return `Z = Σ_i X_i B_iᵀ + b` on every rank, with correct gradients for `x_shard`, `weight_shard` and `bias`.
-# Hint: `comm.reduce_from_tp_region` is Megatron's `g`. (Beware `torch.distributed.nn.functional.all_reduce`:
-# its backward all-reduces the gradient again, which is wrong here — the checker will tell you why.)
-
-# %%
-def my_row_parallel_forward(x_shard, weight_shard, bias, group=None):
-    raise NotImplementedError  # ✍ your code here
+def my_transfer_and_wait(calls_ms):
+    raise NotImplementedError  # ✍ your code here: return (transfer_ms, wait_ms)
 
 
 # %%
-check.row_parallel_forward(my_row_parallel_forward)
-
-# %% [markdown]
-# ### Exercise 3 — predict the MLP's all-reduce from the fit
-# `FIT` is the alpha–beta fit of section 2's all-reduce sweep (`FIT.alpha_us`, `FIT.beta_gbps`). Write
-# `my_predict_allreduce_ms(tokens, hidden, bytes_per_element, fit)`: the time of the all-reduce in the MLP's
-# forward pass. Then compare it with the all-reduce time measured *inside* the TP steps.
-
-# %%
-def my_predict_allreduce_ms(tokens, hidden, bytes_per_element, fit):
-    raise NotImplementedError  # ✍ your code here
-
-
-# %%
-check.predict_allreduce_ms(my_predict_allreduce_ms, FIT)
+check.transfer_and_wait(my_transfer_and_wait)
 
 # %% tags=["nbval-ignore-output"]
 try:
-    predicted = [my_predict_allreduce_ms(r["tokens"], r["hidden"], 2, FIT) for r in TP.data["rows"]]
+    my_transfer_and_wait([[1.0], [1.0]])
+    transfer_and_wait = my_transfer_and_wait
 except NotImplementedError:
-    from labutils.solutions import lab02 as solution
-    predicted = [solution.predict_allreduce_ms(r["tokens"], r["hidden"], 2, FIT) for r in TP.data["rows"]]
-measured = [r["allreduce_fwd_ms"] for r in TP.data["rows"]]
-plots.time_plot([r["allreduce_bytes"] for r in TP.data["rows"]],
-                {"measured inside the TP forward step": measured, "predicted from the sweep's fit": predicted},
-                title=f"the MLP's all-reduce: prediction vs measurement — {TP.label}")
+    from labutils.solutions.lab02 import transfer_and_wait
+WITH_CALLS = [r for r in TP_ROWS if r.get("allreduce_fwd_calls_ms")]
+if WITH_CALLS:
+    split = [transfer_and_wait(r["allreduce_fwd_calls_ms"]) for r in WITH_CALLS]
+    display(pd.DataFrame({"all-reduce size": [bandwidth.format_size(r["allreduce_bytes"]) for r in WITH_CALLS],
+                          "in the step (µs)": [1e3 * r["allreduce_fwd_ms"] for r in WITH_CALLS],
+                          "transfer (µs)": [1e3 * t for t, _ in split],
+                          "wait for the slower rank (µs)": [1e3 * w for _, w in split],
+                          "standalone fit (µs)": [1e3 * FIT.predict_ms(r["allreduce_bytes"]) for r in WITH_CALLS]},
+                         index=pd.Index([r["hidden"] for r in WITH_CALLS], name="hidden")).round(1))
+    display(plots.time_plot([r["allreduce_bytes"] for r in WITH_CALLS],
+                            {"in the step (the longest kernel)": [r["allreduce_fwd_ms"] for r in WITH_CALLS],
+                             "transfer (the shortest kernel)": [t for t, _ in split],
+                             "predicted from section 2's fit": [FIT.predict_ms(r["allreduce_bytes"]) for r in WITH_CALLS]},
+                            title=f"the MLP's forward all-reduce — {TP.label}"))
+else:
+    print(f"[{TP.label}] this recording has no per-call kernel times; they are measured live on 2 or more GPUs.")
 
 # %% [markdown]
-# Inside a step, the all-reduce also waits for the slower rank's matmul and competes with nothing else; the
-# sweep measured it back to back. Where the two differ, that difference is what a step adds to a benchmark.
+# The transfer inside the step is the same work as in section 2's sweep, so the fit predicts it (the verdict
+# above calls a prediction "right" within a quarter, at the largest size where fixed costs do not dominate).
+# What a step adds is the wait: the ranks' matmuls and their hosts do not finish at the same instant, and
+# whichever rank is early waits inside the collective — the partition effect of section 4 on a small scale. A
+# model of a step built from standalone benchmarks must add it (or the ranks must be kept in lockstep).
 #
+# These per-call times are recorded for the capstone (lab 06), which predicts them from its own fits:
+# `measured_ms` is the time in the step (the wait included), `kernel_ms` the transfer.
+
+# %% tags=["nbval-ignore-output"]
+SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: cost_model.comm_summary(TP_ROWS, N_TP), gpus_needed=2)
+pd.DataFrame(SUMMARY.data["ops"]).set_index("what")
+
+# %% [markdown]
 # ### Explorer: when does tensor parallelism pay?
 # The model of section 5 with your knobs: tokens per step, number of GPUs (the all-reduce is extrapolated from
 # the 2-GPU fit with the ring model — optimistic beyond one NVLink pair), the GPU's sustained TFLOP/s (starts
-# at the one-GPU MLP's measured rate) and a fixed per-step overhead. Dots: the 2-GPU measurements.
+# at the one-GPU MLP's measured rate) and a fixed per-step overhead. Dots: the measurements.
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
-from IPython.display import display
 
-big = TP.data["rows"][-1]
+big = TP_ROWS[-1]
 MEASURED_TFLOPS = cost_model.mlp_flops(big["tokens"], big["hidden"], big["ffn_hidden"], train=True) / (
     big["one_gpu_train_ms"] * 1e-3) / 1e12
 
 
-def explore(tokens=TP_TOKENS, world_size=2, tflops=round(MEASURED_TFLOPS), overhead_us=20.0, train=True):
+def explore(tokens, world_size, tflops, overhead_us, train):
     grid = [2**k for k in range(7, 16)]
     pred = [cost_model.speedup_model(h, tokens, world_size, tflops, FIT.alpha_us, FIT.beta_gbps,
-                                   overhead_us=overhead_us, train=train) for h in grid]
+                                     overhead_us=overhead_us, train=train) for h in grid]
     fig = plots.line_plot(grid, {"model": pred}, xlabel="hidden size", ylabel=f"speedup, {world_size} GPUs vs 1",
                           logx=True, dashed=["model"], hline=(1.0, "break-even"),
                           title=f"{tokens} tokens, {tflops:.0f} TFLOP/s, {'fwd+bwd' if train else 'fwd'}")
@@ -621,54 +843,39 @@ def explore(tokens=TP_TOKENS, world_size=2, tflops=round(MEASURED_TFLOPS), overh
     display(plain_ticks(fig))
 
 
-widgets.interact(explore, tokens=widgets.SelectionSlider(options=sorted({2**k for k in range(8, 16)} | {TP_TOKENS}),
-                                                        value=TP_TOKENS),
-                 world_size=widgets.IntSlider(value=2, min=2, max=8),
-                 tflops=widgets.FloatSlider(value=round(MEASURED_TFLOPS), min=50, max=1000, step=10),
-                 overhead_us=widgets.FloatSlider(value=20.0, min=0.0, max=200.0, step=5.0),
-                 train=widgets.Checkbox(value=True, description="forward + backward"));
+WIDE = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="460px")}
+widgets.interact(explore,
+                 tokens=widgets.SelectionSlider(options=sorted({2**k for k in range(8, 16)} | {TP_TOKENS}),
+                                                value=TP_TOKENS, description="tokens per step", **WIDE),
+                 world_size=widgets.IntSlider(value=2, min=2, max=8, description="GPUs", **WIDE),
+                 tflops=widgets.FloatSlider(value=round(MEASURED_TFLOPS), min=50, max=1000, step=10,
+                                            description="sustained TFLOP/s", **WIDE),
+                 overhead_us=widgets.FloatSlider(value=20.0, min=0.0, max=200.0, step=5.0,
+                                                 description="fixed overhead per step (µs)", **WIDE),
+                 train=widgets.Checkbox(value=True, description="forward + backward", **WIDE));
 
 # %% [markdown]
-# ## 7 · Summary
+# ## 6 · Summary
 #
-# What the source claims, and what this lab measured (numbers from the runs above; "recorded" when they came
-# from the 2×H200 recording):
+# Every verdict of this lab, from the runs above ("RECORDED" where they came from the 2×H200 recording):
 
 # %% tags=["nbval-ignore-output"]
-from IPython.display import Markdown
-
-small = OPS["all_gather_into_tensor"]
-peak = SWEEP.data["link_peak_gbps"]
-tensor_link = OBJ.data["link"].get("tensor_link_bytes_per_call")
-link_note = (f"NVLink carried {tensor_link / OBJ.data['link']['payload_bytes_per_call']:.2f}× the payload for the tensor path"
-             if tensor_link else "NCCL moved the tensor's bytes (NVML counter unavailable)")
-verdict = lambda ok, yes, no: f"**{yes}**" if ok else f"**{no}**"  # noqa: E731
-Markdown("\n".join([
-    "| claim | verdict | measured |", "|---|---|---|",
-    "| the 15-line program is tensor parallelism that works | **false** | on NCCL: "
-    f"{NCCL_SRC.data.get('exc_type') or 'no error'} ({NCCL_SRC.label}); on gloo it gathers a mosaic of different "
-    "random tensors; fixed port; prints instead of checking. Fixed: gathered == 2 × tensor, checked above |",
-    f"| GPU-to-GPU transfers pay for serialisation | {verdict(SLOWDOWN > 1, 'false for tensors', 'not tested')} | "
-    f"{link_note}; `all_gather_object` (pickle) was {SLOWDOWN:.0f}× slower at "
-    f"{bandwidth.format_size(rows[-1]['size_bytes'])} ({OBJ.label}) |",
-    f"| many small parts make transfers slow | {verdict(small['busbw_gbps'][0] < 0.1 * BUSBW_1G, 'true (latency)', 'not here')} | "
-    f"{bandwidth.format_size(small['size_bytes'][0])}: {small['busbw_gbps'][0]:.1f} GB/s busbw vs {BUSBW_1G:.0f} GB/s at "
-    f"{bandwidth.format_size(small['size_bytes'][-1])}; all-reduce latency α ≈ {FIT.alpha_us:.0f} µs ({SWEEP.label}) |",
-    f"| uneven partitions leave GPUs idle (§4.1) | {verdict(IMB_RATIO > 1.5, 'true', 'not measurable here')} | "
-    f"k = 4 → step {IMB_RATIO:.1f}× longer; the idle time appears inside the fast ranks' all_gather ({PART.label}) |",
-    f"| NCCL helps | {verdict(bool(peak) and BUSBW_1G > 0.5 * peak, 'true', 'see the numbers')} | "
-    f"all_gather_into_tensor busbw {BUSBW_1G:.0f} GB/s at {bandwidth.format_size(small['size_bytes'][-1])}"
-    + (f" = {BUSBW_1G / peak:.0%} of the NVLink peak" if peak else "") + f" ({SWEEP.label}) |",
-    f"| (this lab) Megatron TP speeds up an MLP | {verdict(TP_SPEEDUP > 1, 'for wide layers', 'not at these sizes')} | "
-    f"{TP_SPEEDUP:.2f}× on {N_TP} GPUs at hidden {hs[-1]} (fwd+bwd); all-reduce = "
-    f"{share['forward + backward'][-1]:.0%} of that step ({TP.label}) |",
-]))
+claims.table(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data) + CLAIMS["02_collectives"](SWEEP.data)
+             + CLAIMS["02_object_vs_tensor"](OBJ.data) + CLAIMS["02_partitions"](PART.data)
+             + CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 
 # %% [markdown]
 # **Take-aways.** Put tensors where the backend moves them; make every rank agree on the data and the sizes;
-# gather into one tensor; never pickle tensors through object collectives; balance before you pad; and split
-# *weights*, not just data — Megatron's MLP needs one all-reduce per forward pass, and pays when the layer is
-# wide enough for compute to dwarf it.
+# never use a fixed port; gather into one tensor; never pickle tensors through object collectives; balance
+# before you pad; and split *weights*, not just data — Megatron's MLP needs one all-reduce forward and one
+# backward, carried by two small autograd operators, and pays when the layer is wide enough for compute to
+# dwarf them. A collective's busbw is NCCL's kernel and its channel count, not only the link; inside a step, it
+# also carries the wait for the slowest rank.
 #
-# **Next:** lab 03 — asynchronous point-to-point (`isend`/`irecv`): the source's second program, why it
-# deadlocks, and what overlap really buys.
+# **Next:** lab 03 — asynchronous point-to-point (`isend`/`irecv`): the source's second program, what really
+# happens when it runs, and what overlap really buys.
+
+# %%
+if GLOO is not POOL:
+    GLOO.close()
+POOL.close()

@@ -1,100 +1,102 @@
-"""Tensor parallelism on real GPUs (NCCL, one GPU per rank); skipped without 2 CUDA GPUs.
+"""Lab 02 on real GPUs (NCCL, one GPU per rank); skipped without 2 CUDA GPUs.
 
-Run: pytest tests/gpu/test_tensor_parallel_gpu.py -q   (one launch, about 20 s on 2xH200)
-The same checks run on gloo in tests/test_tensor_parallel.py; here the NCCL paths are exercised:
-CUDA tensors, CUDA-event timing inside a step, NCCL's unequal-size list all_gather.
+Run: pytest tests/gpu/test_tensor_parallel_gpu.py -q   (one NCCL pool, one run of the source's program)
+The notebook's own classes (taken from its source) on CUDA tensors and NCCL: the checks of
+tests/test_tensor_parallel.py, bf16 closeness, the profiler's per-call all-reduce kernel times, the paths
+between the GPUs (copy engine, send/recv, communicators with fixed CTA counts), NCCL's unequal-size list
+all_gather and the DETAIL shape check -- and the source's program run as written.
 """
 from __future__ import annotations
 
+import ast
 import sys
 
 import cloudpickle
+import jupytext
 import pytest
 import torch
 
 import labutils
-from labutils.labs.lab02_tensor_parallel import comm, measure, verify
-from labutils.labs.lab02_tensor_parallel.layers import TensorParallelMLP, reference_mlp
+from labutils.labs.lab02_tensor_parallel import paths, script, steps, verify
 
 from conftest import gpu_count, needs_gpus
+from notebook_defs import ROOT, load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 
 pytestmark = needs_gpus(2)
+nb = load_definitions("02_tensor_parallel")
 
 
-def _bf16_close(rank, world_size):
+def _source_program() -> str:
+    """The notebook's SOURCE_PROGRAM string (a plain assignment, which load_definitions leaves out)."""
+    for cell in jupytext.read(ROOT / "notebooks" / "src" / "02_tensor_parallel.py").cells:
+        for node in ast.parse(cell.source).body if cell.cell_type == "code" else []:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SOURCE_PROGRAM":
+                return ast.literal_eval(node.value)
+    raise AssertionError("SOURCE_PROGRAM not found in the notebook source")
+
+
+def _bf16_close(rank, world_size, TensorParallelMLP):
     """bf16 TP MLP vs the same weights on one GPU: equal up to bf16 rounding of the partial sums."""
-    dev = torch.device("cuda", rank)
-    ref = reference_mlp(256, seed=0, device=dev, dtype=torch.bfloat16)
-    tp = TensorParallelMLP.from_sequential(ref)
-    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)).to(dev, torch.bfloat16)
-    torch.testing.assert_close(tp(x), ref(x), rtol=2e-2, atol=2e-2)
+    ref = verify.reference_mlp(256, 1024, seed=0, device=torch.device("cuda", rank), dtype=torch.bfloat16)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)).to(ref[0].weight.device, torch.bfloat16)
+    torch.testing.assert_close(TensorParallelMLP(ref)(x), ref(x), rtol=2e-2, atol=2e-2)
     return True
 
 
-def _timer_on_cuda(rank, world_size):
-    timer = comm.CommTimer(enabled=True)
-    mlp = TensorParallelMLP(512, timer=timer, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    mlp(x).float().sum().backward()
-    return timer.times_ms()
-
-
-def _all(rank, world_size):
-    return {"verify": verify.verify_mlp(rank, world_size),
-            "bf16": _bf16_close(rank, world_size),
-            "timer": _timer_on_cuda(rank, world_size),
-            "uneven": verify.uneven_list_gather(rank, world_size, rows=7, cols=3),
-            "gather_uneven": torch.equal(
-                comm.all_gather_uneven(torch.full((rank + 1, 2), float(rank), device="cuda")).cpu(),
-                torch.cat([torch.full((r + 1, 2), float(r)) for r in range(world_size)])),
-            "sweep": measure.collective_sweep(rank, world_size, [2**12, 2**20], warmup=2, iters=5, repeat=3),
-            "objects": measure.object_vs_tensor(rank, world_size, [2**16], repeat=2, link_iters=2),
-            "imbalance": measure.imbalance_sweep(rank, world_size, [1, 3], steps=5),
-            "mlp": measure.tp_mlp_sweep(rank, world_size, [256], tokens=256, target_ms=2.0)}
-
-
 @pytest.fixture(scope="module")
-def results():
-    return labutils.launch(_all, world_size=gpu_count(), backend="nccl", timeout=240)
+def pool():
+    with labutils.RankPool(world_size=gpu_count(), backend="nccl", output="quiet") as p:
+        yield p
 
 
-def test_mlp_forward_and_backward_match_sequential_on_nccl(results):
-    assert all(v == "assert_close OK" for r in results for v in r["verify"].values()), results[0]["verify"]
+@pytest.mark.parametrize("check, classes", [
+    (verify.operators, ("CopyToTP", "ReduceFromTP")), (verify.column_parallel, ("ColumnParallelLinear",)),
+    (verify.row_parallel, ("RowParallelLinear",)), (verify.mlp, ("TensorParallelMLP",))])
+def test_notebook_code_matches_one_device_on_nccl(pool, check, classes):
+    n = gpu_count()
+    if check is not verify.operators and 12 % n:
+        pytest.skip(f"the layer checks use 12 features, which {n} ranks do not divide")
+    table = verify.table(pool.run(check, *[getattr(nb, c) for c in classes]))
+    assert table["on every rank"].all(), table.to_string()
 
 
-def test_bf16_mlp_is_close(results):
-    assert all(r["bf16"] for r in results)
+def test_bf16_mlp_is_close(pool):
+    assert all(pool.run(_bf16_close, nb.TensorParallelMLP))
 
 
-def test_comm_timer_times_both_all_reduces_with_cuda_events(results):
-    times = results[0]["timer"]
-    assert sorted(times) == ["all_reduce bwd", "all_reduce fwd"]
-    assert all(len(v) == 1 and 0 < v[0] < 1000 for v in times.values())
+def test_fixed_program_and_detail_check_on_nccl(pool):
+    assert all(all(c.values()) for c in pool.run(nb.tensor_parallel_fixed))
+    for line in pool.run(nb.uneven_source_style):
+        assert "caught a mismatch: True" in line and "padded all_gather == 2 x tensor: True" in line
 
 
-def test_nccl_gathers_unequal_lists_and_gloo_refuses(results):
-    assert results[0]["uneven"]["nccl"] == "works, gathered == original: True"
-    assert "invalid tensor size" in results[0]["uneven"]["gloo"]
-    assert all(r["gather_uneven"] for r in results)
+def test_nccl_gathers_unequal_lists_and_gloo_refuses(pool):
+    result = pool.run(verify.uneven_list_gather, kwargs=dict(rows=7, cols=3))[0]
+    assert result["nccl"] == "works, gathered == original: True"
+    assert "invalid tensor size" in result["gloo"]
 
 
-def test_measurements_are_positive_and_consistent(results):
-    sweep = results[0]["sweep"]["ops"]
-    assert all(t > 0 for op in sweep.values() for t in op["time_ms"])
-    rows = results[0]["objects"]["rows"]
-    assert rows[0]["object_ms"] > rows[0]["tensor_ms"] > 0
-    assert rows[0]["received_devices"] == [f"cuda:{r}" for r in range(gpu_count())]
-    (row,) = results[0]["mlp"]
-    assert all(row[k] > 0 for k in ("one_gpu_fwd_ms", "tp_fwd_ms", "tp_train_ms", "allreduce_fwd_ms"))
-    steps = results[0]["imbalance"]["step_ms"]
-    assert max(steps[1]) > max(steps[0])  # rank 0 with 3x the rows makes every step longer
+def test_profiled_steps_give_per_call_kernel_times(pool):
+    rows = pool.run(steps.tp_mlp_sweep, nb.TensorParallelMLP, [256],
+                    kwargs=dict(tokens=256, target_ms=2.0, repeat=3, profiled_steps=3))[0]
+    (row,) = rows
+    assert [len(c) for c in row["allreduce_fwd_calls_ms"]] == [3] * gpu_count()
+    assert [len(c) for c in row["allreduce_train_calls_ms"]] == [6] * gpu_count()   # forward and backward
+    assert 0 < row["allreduce_fwd_kernel_ms"] <= row["allreduce_fwd_ms"]
+    assert row["allreduce_fwd_wait_ms"] >= 0
 
 
-def test_nvlink_counter_sees_the_gathered_bytes_when_available(results):
-    link = results[0]["objects"]["link"]
-    b = link["tensor_link_bytes_per_call"]
-    if b is None:
-        pytest.skip("NVML NVLink data counter not available here")
-    assert 0.5 * link["payload_bytes_per_call"] < b < 4 * link["payload_bytes_per_call"]
+def test_link_paths_measure_every_path(pool):
+    link = pool.run(paths.link_paths, 64 * 2**20, kwargs=dict(ctas=(8,), warmup=1, iters=2, repeat=2))[0]
+    names = {r["path"] for r in link["rows"]}
+    assert {"copy engine, one way", "copy engine, both ways", "NCCL send/recv, both ways",
+            "all_gather_into_tensor", "all_gather_into_tensor, 8 CTAs", "all_reduce, 8 CTAs"} <= names
+    assert all(r["gbps_per_direction"] > 0 for r in link["rows"])
+
+
+def test_source_program_as_written_fails_on_cpu_tensors():
+    out = script.run_program(_source_program(), timeout_s=120)
+    assert out["raised"] and not out["timed_out"], out
+    assert out["exc_type"] == "RuntimeError" and "cpu" in out["message"].lower(), out
