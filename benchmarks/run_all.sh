@@ -15,6 +15,10 @@ if [ "$gpus" -ge 2 ]; then sizes=(-b 8 -e 1G -f 2); else sizes=(-b 8 -e 4M -f 2)
 python3 -m labutils bench "${sizes[@]}" --json "benchmarks/bench_$tag.json" --csv "benchmarks/bench_$tag.csv" \
   --plot "benchmarks/bench_$tag.png" --no-progress > "benchmarks/bench_$tag.txt"
 grep -E "^# (8-byte latency|bench / bare|Wrong|Peak|Duration)" "benchmarks/bench_$tag.txt"
+note() {  # the Markdown note of a recorded run, generated from its JSON
+  python3 -c "import sys; from labutils.bench import files, report; print(report.link_note(files.load_json(sys.argv[1])))" "$1"
+}
+note "benchmarks/bench_$tag.json" > "benchmarks/bench_$tag.md"
 
 # 2. CUDA graphs (nccl-tests' -G): each point's calls captured once and replayed 20 times, so the
 #    host's launch drops out; the same collectives, 8 B .. 128 MiB (NCCL only)
@@ -22,6 +26,7 @@ if [ "$gpus" -ge 2 ]; then
   python3 -m labutils bench -b 8 -e 128M -f 4 --cuda-graph 20 --json "benchmarks/bench_graph_$tag.json" \
     --csv "benchmarks/bench_graph_$tag.csv" --no-progress > "benchmarks/bench_graph_$tag.txt"
   grep -E "^# (8-byte latency|Wrong|Duration)" "benchmarks/bench_graph_$tag.txt"
+  note "benchmarks/bench_graph_$tag.json" > "benchmarks/bench_graph_$tag.md"
 fi
 
 # 3. the forms of send/recv (which one the benchmark times), and the RankPool round trip

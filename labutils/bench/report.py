@@ -247,6 +247,9 @@ def link_note(doc: dict) -> str:
         graph = (f"; replayed from a CUDA graph: {format_time_us(s['graph_latency_us'])} us"
                  if s.get("graph_latency_us") is not None else "")
         lines += ["", f"8-byte all_reduce latency: {format_time_us(s['latency_us'])} us eager{graph}."]
+    if s.get("bench_over_bare"):
+        lines += ["", "Per-call time of the benchmark over a bare loop of the same torch call (smallest size): "
+                  + ", ".join(f"{c} {v:.2f}" for c, v in s["bench_over_bare"].items()) + "."]
     if s["peak"] and link:
         p = s["peak"]
         lines += ["", f"Peak busbw {p['busbw_gbps']:.1f} GB/s ({p['collective']}, "

@@ -1,9 +1,19 @@
-"""Checkers for lab 06 (capstone: benchmark, alpha-beta fits, predictions)."""
+"""Checkers for lab 06 (capstone: benchmark, alpha-beta fits, predictions).
+
+``min_size_for_fraction`` is pure; ``send_one_way`` runs the learner's function on ranks -- the lab's
+``RankPool`` (NCCL on GPUs, gloo on CPU: the printed text is the same) or two fresh gloo ranks -- and
+checks every element it delivers with the benchmark's own check (``labutils.bench.ops.verify_one``).
+A stub that raises NotImplementedError is "not attempted": the checker says so and checks the
+reference solution instead.
+"""
 from __future__ import annotations
 
 from ..bandwidth import AlphaBeta
 from ..solutions import lab06 as solution
 from . import fail, passed, say_not_attempted
+
+ONE_WAY_SIZES = (8, 4096, 2**20)   # bytes: one element pair, a page, a large message
+TIMEOUT_S = 60                    # a learner's exchange that hangs is stopped after this long
 
 _FITS = {"all_reduce": AlphaBeta(20.0, 350.0, 0.0), "all_gather": AlphaBeta(15.0, 700.0, 0.0),
          "send_recv": AlphaBeta(10.0, 380.0, 0.0)}
@@ -20,8 +30,7 @@ def _attempted(fn, *args) -> bool:
 def usable(fn, name: str):
     """``fn`` if the learner implemented it, else the reference solution ``name``."""
     ref = getattr(solution, name)
-    probe = {"min_size_for_fraction": (_FITS["all_reduce"], 0.5),
-             "predict_step_comm_ms": (_FITS, [])}[name]
+    probe = {"min_size_for_fraction": (_FITS["all_reduce"], 0.5)}[name]
     return fn if _attempted(fn, *probe) else ref
 
 
@@ -51,29 +60,48 @@ def min_size_for_fraction(fn) -> None:
     passed(f"min_size_for_fraction solves S / t(S) = f beta on {len(cases)} cases")
 
 
-def predict_step_comm_ms(fn) -> None:
-    """``fn(fits, ops)`` must return sum(count_per_step x fits[op].predict_ms(size_bytes)) in ms."""
-    if not _attempted(fn, _FITS, []):
-        _not_attempted("predict_step_comm_ms")
-        fn = solution.predict_step_comm_ms
-    ops = [{"what": "attention out", "op": "all_reduce", "size_bytes": 8 * 2**20, "count_per_step": 4},
-           {"what": "mlp out", "op": "all_reduce", "size_bytes": 2**10, "count_per_step": 2},
-           {"what": "params", "op": "all_gather", "size_bytes": 64 * 2**20, "count_per_step": 1},
-           {"what": "activations", "op": "send_recv", "size_bytes": 4 * 2**20, "count_per_step": 16}]
-    cases = [([], 0.0)] + [([op], None) for op in ops] + [(ops, None)]
-    for case_ops, want in cases:
-        want = solution.predict_step_comm_ms(_FITS, case_ops) if want is None else want
-        got = fn(_FITS, case_ops)
+def _one_way_rank(rank: int, world_size: int, fn) -> dict:
+    """On every rank: the benchmark's check of ``fn`` as send_one_way at each size (or of the reference
+    solution, if ``fn`` is still a stub)."""
+    from ..bench import ops
+    used_reference = False
+    wrong = {}
+    for size in ONE_WAY_SIZES:
         try:
-            ok = abs(float(got) - want) <= 1e-9 + 1e-6 * want
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            hint = "each op costs alpha + S / beta (fit.predict_ms(S), in ms) and runs count_per_step times"
-            if len(case_ops) == 1 and case_ops[0]["count_per_step"] > 1:
-                hint = "multiply by count_per_step: the op runs that many times per step"
-            if not case_ops:
-                hint = "a step without communication costs 0 ms"
-            fail(f"predict_step_comm_ms(fits, {[o['what'] for o in case_ops]}) = {got!r}, "
-                 f"expected {want:.6g} ms", hint)
-    passed(f"predict_step_comm_ms adds count x (alpha + S / beta) over the ops ({len(cases)} cases)")
+            wrong[size] = ops.verify_one(rank, world_size, "send_one_way", size, run=fn)
+        except NotImplementedError:
+            used_reference, fn = True, solution.send_one_way
+            wrong[size] = ops.verify_one(rank, world_size, "send_one_way", size, run=fn)
+    return {"used_reference": used_reference, "wrong": wrong}
+
+
+def send_one_way(fn, pool=None, *, timeout: float = TIMEOUT_S) -> None:
+    """``fn(case)`` must move ``case.inp`` of rank 2k into ``case.out`` of rank 2k+1 -- one direction only,
+    every operation waited for -- and leave every other output untouched."""
+    import labutils
+    try:
+        if pool is not None:
+            results = pool.run(_one_way_rank, fn, timeout=timeout, output="quiet")
+        else:
+            results = labutils.launch(_one_way_rank, fn, world_size=2, backend="gloo", timeout=timeout,
+                                      output="quiet")
+    except labutils.RankTimeout:
+        fail(f"send_one_way did not return within {timeout:g} s",
+             "every send needs the matching receive on the peer: rank 2k sends to 2k+1, rank 2k+1 receives "
+             "from 2k; a rank that both sends and waits for its own send before receiving deadlocks")
+    except labutils.RankError as exc:
+        what = (f"send_one_way raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
+                if exc.exc_type else str(exc).split(". HINT")[0])
+        fail(what, "case.inp, case.out, case.rank and case.world_size are all you need; "
+                   "dist.isend(tensor, dst) and dist.irecv(tensor, src) return works to .wait() on")
+    if results[0]["used_reference"]:
+        say_not_attempted("labutils.solutions.lab06.send_one_way")
+    bad = {size: w for size, w in results[0]["wrong"].items() if w}
+    if bad:
+        size, w = next(iter(bad.items()))
+        fail(f"send_one_way left {w} wrong elements over the ranks at {size} bytes",
+             "only rank 2k+1's output may change, and it must hold exactly rank 2k's input: a rank 2k that "
+             "also receives (an exchange in both directions) overwrites its own output; an irecv not "
+             "waited for may not have arrived yet")
+    passed(f"send_one_way delivers rank 2k's input to rank 2k+1 and nothing else, at "
+           f"{', '.join(str(s) for s in ONE_WAY_SIZES)} bytes")

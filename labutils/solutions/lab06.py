@@ -1,4 +1,5 @@
 """Reference solutions for lab 06 (capstone)."""
+import torch.distributed as dist
 
 
 def min_size_for_fraction(fit, fraction):
@@ -10,7 +11,12 @@ def min_size_for_fraction(fit, fraction):
     return fraction / (1.0 - fraction) * (fit.alpha_us * 1e-6) * (fit.beta_gbps * 1e9)
 
 
-def predict_step_comm_ms(fits, ops):
-    """Communication time of one training step (ms) predicted from alpha-beta fits alone:
-    sum over the step's ops of count_per_step x (alpha + S / beta) of that op's collective."""
-    return sum(op["count_per_step"] * fits[op["op"]].predict_ms(op["size_bytes"]) for op in ops)
+def send_one_way(case):
+    """One direction only, pair by pair: rank 2k sends ``case.inp`` to rank 2k+1, which receives it
+    into ``case.out``; a last rank without a partner (odd world size) does nothing. One operation per
+    rank and call, waited for before returning (on NCCL: the current stream waits for the transfer)."""
+    rank, world_size = case.rank, case.world_size
+    if rank % 2 == 0 and rank + 1 < world_size:
+        dist.isend(case.inp, rank + 1).wait()
+    elif rank % 2 == 1:
+        dist.irecv(case.out, rank - 1).wait()

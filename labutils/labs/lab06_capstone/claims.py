@@ -1,0 +1,197 @@
+"""Lab 06's verdicts, each from recordings through a written threshold (see ``labutils.claims``).
+
+``CLAIMS`` maps recording names (or tuples of them) to functions of their ``data`` dicts; the notebook
+prints their lines and ``tests/test_claims.py`` re-derives them from ``notebooks/recorded/``. The
+thresholds are module constants; the notebook says why each is what it is.
+"""
+from __future__ import annotations
+
+from ... import claims
+from ...bandwidth import format_size
+from ...bench import analysis as bench_analysis, report
+from . import analysis
+
+BARE_GOAL = report.BARE_GOAL       # the benchmark's call may cost at most 15% more than the bare torch call
+LINK_SHARE = 2 / 3                 # "most of the link": more than two thirds of it
+FIT_TOL = 0.25                     # a model that misses by more than a quarter predicts nothing useful
+DEVICE_SHARE = 0.25                # "mostly host": the device's part is at most a quarter of a call
+HOST_PACE = 0.8                    # the loop runs at the host's pace: issuing a call takes >= 80% of it
+GRAPH_GAIN = 0.5                   # a graph must at least halve the per-call time to be worth its rules
+GRAPH_LATENCY_US = 15.0            # issue 18's goal for an 8-byte all_reduce replayed from a graph
+DUPLEX_TOL = 1.25                  # "about the same": both ways within 25% of one way
+TWICE = 1.5                        # "about twice": closer to 2 than to 1
+PREDICT_TOL = 0.25                 # a prediction within 25% of the measurement
+NOT_TRANSFER = 0.5                 # "mostly": more than half of the time
+
+
+def sweep_doc(data: dict) -> dict:
+    """The benchmark document of a recorded sweep (what the notebook prints as the table)."""
+    return report.make_doc(data, fingerprint="", link_peak_gbps=data.get("link_peak_gbps"))
+
+
+def _rows(doc: dict, coll: str) -> dict:
+    return {r["size_bytes"]: r["time_us"] for r in bench_analysis.primary_rows(doc, coll)}
+
+
+def both_over_one_way(doc: dict) -> list[tuple[int, float]]:
+    """``[(size, send_recv time / send_one_way time)]`` at the sizes both were measured (empty for a
+    sweep recorded before send_one_way existed)."""
+    both, one = _rows(doc, "send_recv"), _rows(doc, "send_one_way")
+    return [(s, both[s] / one[s]) for s in sorted(set(both) & set(one))]
+
+
+def sweep_verdicts(data: dict) -> list[claims.Verdict]:
+    doc = sweep_doc(data)
+    s = doc["summary"]
+    out = [claims.compare("every collective returns the right data", s["wrong_total"], "<=", 0,
+                          figure=f"{s['wrong_total']} wrong elements in {s['checked']} checked results")]
+    ratios = s["bench_over_bare"]
+    if ratios:
+        worst = max(ratios, key=ratios.get)
+        out.append(claims.at_most("the benchmark adds (almost) nothing to the torch call it times",
+                                  ratios[worst], BARE_GOAL,
+                                  figure=f"bench / bare loop of the same call at the smallest size: worst "
+                                         f"{ratios[worst]:.2f} ({worst}), median "
+                                         f"{sorted(ratios.values())[len(ratios) // 2]:.2f}"))
+    if s["peak_fraction_of_link"]:
+        p = s["peak"]
+        out.append(claims.at_least("the best busbw uses most of the physical link", s["peak_fraction_of_link"],
+                                   round(LINK_SHARE, 3),
+                                   figure=f"{p['busbw_gbps']:.0f} GB/s ({p['collective']}, "
+                                          f"{format_size(p['size_bytes'])}) = {s['peak_fraction_of_link']:.0%} "
+                                          f"of {s['link_peak_gbps']} GB/s"))
+    fits = bench_analysis.fits(doc)
+    if fits:
+        worst = max(fits, key=lambda c: fits[c].max_rel_err)
+        out.append(claims.at_most("two numbers (alpha, beta) describe each collective at every measured size",
+                                  fits[worst].max_rel_err, FIT_TOL,
+                                  figure=f"largest miss of a fit: {fits[worst].max_rel_err:.0%} ({worst}); "
+                                         f"median over collectives "
+                                         f"{sorted(f.max_rel_err for f in fits.values())[len(fits) // 2]:.0%}"))
+    return out
+
+
+def graph_verdicts(data: dict) -> list[claims.Verdict]:
+    doc = sweep_doc(data)
+    s = doc["summary"]
+    out = [claims.compare("every collective replayed from a CUDA graph returns the right data",
+                          s["wrong_total"], "<=", 0,
+                          figure=f"{s['wrong_total']} wrong elements in {s['checked']} checked results")]
+    if s["graph_latency_us"] is not None:
+        out.append(claims.at_most("an 8-byte all_reduce replayed from a CUDA graph takes at most 15 us",
+                                  s["graph_latency_us"], GRAPH_LATENCY_US,
+                                  figure=f"{s['graph_latency_us']:.1f} us per call from a graph, "
+                                         f"{s['latency_us']:.1f} us eager"))
+    return out
+
+
+def duplex_verdicts(sweep: dict, graph: dict) -> list[claims.Verdict]:
+    out = []
+    eager = both_over_one_way(sweep_doc(sweep))
+    if eager:
+        (small, r_small), (large, r_large) = eager[0], eager[-1]
+        out.append(claims.at_most("NVLink is full duplex: a large exchange both ways costs about one way",
+                                  r_large, DUPLEX_TOL,
+                                  figure=f"send_recv / send_one_way = {r_large:.2f} at {format_size(large)}"))
+        out.append(claims.at_least("launched eagerly, a small exchange both ways costs about twice one way",
+                                   r_small, TWICE,
+                                   figure=f"send_recv / send_one_way = {r_small:.2f} at {format_size(small)}"))
+    replayed = both_over_one_way(sweep_doc(graph))
+    if replayed:
+        size, r = replayed[0]
+        out.append(claims.at_most("replayed from a CUDA graph, a small exchange both ways costs about one way",
+                                  r, DUPLEX_TOL,
+                                  figure=f"send_recv / send_one_way = {r:.2f} at {format_size(size)} "
+                                         "(CUDA graph)"))
+    return out
+
+
+def alpha_verdicts(data: dict) -> list[claims.Verdict]:
+    a = analysis.alpha_split(data["ranks"])
+    size = format_size(data["size_bytes"])
+    return [
+        claims.at_most(f"alpha is mostly host overhead: the NCCL kernel is a small part of a {size} all_reduce",
+                       a["device_share"], DEVICE_SHARE,
+                       figure=f"NCCL kernel (rank that launched last) {a['transfer_us']:.1f} us of "
+                              f"{a['eager_us']:.1f} us per eager call = {a['device_share']:.0%}"),
+        claims.at_least("back to back, small all_reduces run at the pace the host issues them",
+                        a["host_us"] / a["eager_us"], HOST_PACE,
+                        figure=f"host {a['host_us']:.1f} us to issue one call (no profiler), "
+                               f"{a['eager_us']:.1f} us per call on the GPU's clock"),
+    ]
+
+
+def capture_verdicts(data: dict) -> list[claims.Verdict]:
+    ratio = data["graph_us"] / data["eager_us"]
+    ok = all(data["correct"])
+    return [
+        claims.compare("a captured all_reduce, replayed, gives the right result on every rank", int(ok), ">=", 1,
+                       figure=f"{sum(data['correct'])} of {len(data['correct'])} ranks right after "
+                              f"{data['replays']} replays of {data['calls']} calls"),
+        claims.at_most("replayed from a CUDA graph, a small all_reduce costs at most half its eager time",
+                       ratio, GRAPH_GAIN,
+                       figure=f"{data['graph_us']:.1f} us per call from the graph, {data['eager_us']:.1f} us eager "
+                              f"({format_size(data['size_bytes'])})"),
+    ]
+
+
+def lab_predictions(sweep: dict, lab: dict, default_p2p: str = analysis.BOTH_WAYS) -> list[dict]:
+    """Rows of ``analysis.predictions`` for a lab's summary from the sweep's fits."""
+    doc = sweep_doc(sweep)
+    return analysis.predictions(bench_analysis.fits(doc), analysis.comm_ops(lab), doc["meta"]["world_size"],
+                                default_p2p)
+
+
+def _prediction_verdict(claim: str, rows: list[dict]) -> claims.Verdict | None:
+    med = analysis.median_ratio(rows)
+    if med is None:
+        return None
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    return claims.within(claim, med, 1.0, PREDICT_TOL,
+                         figure=f"predicted / measured: median {med:.2f}, range {min(ratios):.2f}-"
+                                f"{max(ratios):.2f} over {len(ratios)} ops")
+
+
+def lab04_verdicts(sweep: dict, lab04: dict) -> list[claims.Verdict]:
+    out = []
+    for fit, claim in ((analysis.BOTH_WAYS, "the send_recv fit (both ways at once) predicts lab 04's sends"),
+                       (analysis.ONE_WAY, "the one-way fit predicts lab 04's sends")):
+        v = _prediction_verdict(claim, lab_predictions(sweep, lab04, fit))
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def lab02_verdicts(sweep: dict, lab02: dict) -> list[claims.Verdict]:
+    v = _prediction_verdict("the all_reduce fit predicts lab 02's all_reduce as lab 02 times it (in the step)",
+                            lab_predictions(sweep, lab02))
+    return [v] if v is not None else []
+
+
+def in_step_verdicts(data: dict) -> list[claims.Verdict]:
+    out = []
+    for case in data["cases"]:
+        p = analysis.in_step_parts(case["ranks"])
+        where = f"hidden {case['hidden']} ({format_size(case['size_bytes'])})"
+        out.append(claims.within(f"inside the step the transfer costs what it costs alone, {where}",
+                                 p["transfer_us"], p["alone_transfer_us"], PREDICT_TOL,
+                                 figure=f"transfer {p['transfer_us']:.1f} us in the step, "
+                                        f"{p['alone_transfer_us']:.1f} us alone"))
+        share = 1 - p["transfer_us"] / p["lab02_us"]
+        out.append(claims.at_least(f"most of lab 02's in-step time is not the transfer, {where}", share,
+                                   NOT_TRANSFER,
+                                   figure=f"lab 02's way {p['lab02_us']:.1f} us, transfer {p['transfer_us']:.1f} us: "
+                                          f"{share:.0%} launch and waiting"))
+    return out
+
+
+CLAIMS = {
+    "06_bench_sweep": sweep_verdicts,
+    "06_bench_graph": graph_verdicts,
+    ("06_bench_sweep", "06_bench_graph"): duplex_verdicts,
+    "06_alpha_split": alpha_verdicts,
+    "06_graph_capture": capture_verdicts,
+    ("06_bench_sweep", "04_comm_summary"): lab04_verdicts,
+    ("06_bench_sweep", "02_comm_summary"): lab02_verdicts,
+    "06_in_step": in_step_verdicts,
+}

@@ -1,0 +1,247 @@
+"""Lab 06 on CPU: the trace reading and the arithmetic of ``labs/lab06_capstone`` on synthetic data, every
+verdict's threshold on both sides, the verdicts on the committed recordings, the exercise checkers on right,
+wrong, hanging and untouched answers (real gloo ranks), and the missing-recording path.
+
+Run: pytest tests/test_lab06.py -q    (one 2-rank gloo pool for the checkers)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch.distributed as dist
+
+import labutils
+from labutils import bandwidth
+from labutils.bench import config as bconfig
+from labutils.checks import ExerciseError
+from labutils.checks import lab06 as check
+from labutils.labs.lab06_capstone import analysis, claims as lab_claims, record, trace
+from labutils.labs.lab06_capstone.claims import CLAIMS
+from labutils.solutions import lab06 as solution
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
+RECORDED = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
+        yield p
+
+
+# ----------------------------------------------------------------------------- trace and arithmetic
+def _trace(kernels, ops):
+    ev = [{"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_AllReduce_Sum_f32_RING_LL(x{i})", "ts": ts, "dur": d}
+          for i, (ts, d) in enumerate(kernels)]
+    ev += [{"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel", "ts": 0, "dur": 9}]
+    ev += [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": ts, "dur": d} for ts, d in ops]
+    ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 1, "dur": 1}, {"ph": "M", "name": "x"}]
+    return {"traceEvents": ev}
+
+
+def test_trace_reads_nccl_kernels_and_cpu_ops_in_order(tmp_path):
+    doc = _trace([(30, 4.0), (10, 100.0), (20, 5.0)], [(5, 50.0), (1, 60.0)])
+    assert [k["dur"] for k in trace.nccl_kernels(doc)] == [100.0, 5.0, 4.0]   # by start time, NCCL only
+    assert trace.cpu_op_us(doc, "c10d::allreduce_") == [60.0, 50.0]
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    assert trace.load(tmp_path / "t.json") == doc
+    (tmp_path / "list.json").write_text(json.dumps(doc["traceEvents"]))      # a bare event list works too
+    assert trace.nccl_kernels(trace.load(tmp_path / "list.json")) == trace.nccl_kernels(doc)
+
+
+def test_kernel_parts_transfer_is_the_shortest_kernel_of_a_call():
+    # call 0 is dropped (start-up); then rank 1 launches last in calls 1-2, rank 0 in call 3
+    parts = analysis.kernel_parts([[500, 104, 106, 5], [1, 4, 6, 95]])
+    assert parts["calls"] == 3 and parts["transfer_us"] == 5
+    assert parts["kernel_us"] == [104, 6] and parts["wait_us"] == [100, 0]
+    for bad, match in (([[1, 2]], ">= 2 ranks"), ([[1, 2], [1]], "different numbers"), ([[1], [2]], "no call left")):
+        with pytest.raises(ValueError, match=match):
+            analysis.kernel_parts(bad)
+
+
+def test_alpha_split_and_in_step_parts():
+    ranks = [{"eager_us": 50.0, "host_us": 48.0, "cpu_op_us": [90, 91, 92], "kernel_us": [9, 4, 4, 4]},
+             {"eager_us": 50.0, "host_us": 47.0, "cpu_op_us": [80, 81, 82], "kernel_us": [99, 40, 42, 44]}]
+    a = analysis.alpha_split(ranks)
+    assert (a["eager_us"], a["host_us"], a["cpu_op_us"], a["transfer_us"]) == (50.0, 48.0, 91, 4)
+    assert a["device_share"] == pytest.approx(0.08)
+    steps = [{"event_us": [900, 250, 260, 240], "step_kernel_us": [800, 200, 210, 30],
+              "alone_kernel_us": [90, 31, 32, 29]},
+             {"event_us": [100, 60, 70, 230], "step_kernel_us": [20, 30, 30, 200], "alone_kernel_us": [1, 30, 30, 30]}]
+    p = analysis.in_step_parts(steps)
+    assert p["lab02_us"] == 250 and p["event_us"] == [250, 70]
+    assert p["transfer_us"] == 30 and p["alone_transfer_us"] == 30
+    assert p["wait_us"] == [170, 0] and p["launch_us"] == [50, 30] and p["steps"] == 3
+
+
+def test_predictions_use_the_fit_of_the_same_kind_of_transfer():
+    fits = {"send_recv": bandwidth.AlphaBeta(100.0, 400.0, 0.0), "send_one_way": bandwidth.AlphaBeta(50.0, 500.0, 0.0)}
+    base = {"what": "activations", "op": "send_recv", "size_bytes": 2**20, "world_size": 2, "count_per_step": 4,
+            "measured_ms": 0.05, "step_ms": 10.0}
+    ops = analysis.comm_ops({"ops": [base, {**base, "direction": "both"}, {**base, "op": "send_one_way"},
+                                     {**base, "world_size": 4}, {**base, "kernel_ms": 0.01}]})
+    assert ops[4]["extra_ms"] == {"kernel_ms": 0.01}
+    rows = analysis.predictions(fits, ops, 2, default_p2p=analysis.ONE_WAY)
+    assert [r["fit"] for r in rows] == ["send_one_way", "send_recv", "send_one_way", "send_one_way", "send_one_way"]
+    assert rows[0]["predicted_ms"] == pytest.approx(fits["send_one_way"].predict_ms(2**20))
+    assert rows[3]["predicted_ms"] is None and "ran on 4 ranks" in rows[3]["note"]
+    assert rows[4]["kernel_ms"] == 0.01
+    assert analysis.fit_for({"op": "all_reduce"}) == "all_reduce" and analysis.fit_for({"op": "p2p"}) == "send_recv"
+    assert analysis.predictions({}, ops[:1], 2, analysis.ONE_WAY)[0]["note"].startswith("the sweep has no send_one_way")
+    assert analysis.median_ratio(rows[3:4]) is None
+    with pytest.raises(ValueError, match="unknown direction 'sideways'.*HINT"):
+        analysis.fit_for({"op": "send_recv", "direction": "sideways"})
+
+
+# ----------------------------------------------------------------------------- verdicts
+def _row(coll, size, time_us, bare_us=None, wrong=0):
+    ms = time_us * 1e-3
+    return {"collective": coll, "placement": bconfig.FORMS[coll][0], "size_bytes": size, "count": size // 4,
+            "type": "float", "redop": "sum", "root": -1, "time_us": time_us, "p10_us": time_us, "p90_us": time_us,
+            "algbw_gbps": bandwidth.algbw_gbps(size, ms), "busbw_gbps": bandwidth.busbw_gbps(coll, size, ms, 2),
+            "wrong": wrong, "iters": 100, "repeat": 3, "mode": "eager", "bare_us": bare_us}
+
+
+def _sweep(small_ratio=2.0, large_ratio=1.1, bare=1.02, graph_latency=None, wrong=0):
+    sizes = [8, 2**10, 2**20, 2**26, 2**29]
+    rows = []
+    for coll, alpha, beta in (("all_reduce", 50, 300), ("send_one_way", 50, 400), ("send_recv", 100, 400)):
+        for s in sizes:
+            t = alpha + s / (beta * 1e3)
+            if coll == "send_recv":
+                one = 50 + s / 400e3
+                t = one * (small_ratio if s == sizes[0] else large_ratio if s == sizes[-1] else 1.5)
+            rows.append(_row(coll, s, t, bare_us=t / bare if s == sizes[0] else None, wrong=wrong))
+    cfg = bconfig.BenchConfig(collectives=("all_reduce", "send_one_way", "send_recv")).to_dict()
+    meta = {"world_size": 2, "backend": "nccl", "config": cfg, "nodes": 1, "torch_version": "x", "devices": []}
+    lat = {**_row("all_reduce", 8, 45.0, bare_us=45.0), "sample_start_us": 60.0}
+    data = {"meta": meta, "mode": "eager", "latency": lat, "graph_latency": None, "rows": rows, "elapsed_s": 1.0,
+            "link_peak_gbps": 478.1}
+    if graph_latency is not None:
+        data["mode"] = meta["mode"] = "graph"
+        data["graph_latency"] = {**_row("all_reduce", 8, graph_latency), "mode": "graph"}
+    return data
+
+
+def _lines(verdicts):
+    return {v.claim.split(",")[0]: v.verdict for v in verdicts}
+
+
+def test_sweep_graph_and_duplex_verdicts_follow_their_thresholds():
+    good = _lines(CLAIMS["06_bench_sweep"](_sweep()))
+    assert good["every collective returns the right data"] == "TRUE"
+    assert good["the benchmark adds (almost) nothing to the torch call it times"] == "TRUE"
+    bad = _lines(CLAIMS["06_bench_sweep"](_sweep(bare=1.3, wrong=1)))
+    assert bad["every collective returns the right data"] == "FALSE"
+    assert bad["the benchmark adds (almost) nothing to the torch call it times"] == "FALSE"
+    assert _lines(CLAIMS["06_bench_graph"](_sweep(graph_latency=12.0)))[
+        "an 8-byte all_reduce replayed from a CUDA graph takes at most 15 us"] == "TRUE"
+    assert _lines(CLAIMS["06_bench_graph"](_sweep(graph_latency=16.0)))[
+        "an 8-byte all_reduce replayed from a CUDA graph takes at most 15 us"] == "FALSE"
+    duplex = CLAIMS[("06_bench_sweep", "06_bench_graph")]
+    v = [x.verdict for x in duplex(_sweep(2.0, 1.1), _sweep(1.05))]
+    assert v == ["TRUE", "TRUE", "TRUE"]
+    assert [x.verdict for x in duplex(_sweep(1.2, 1.4), _sweep(1.6))] == ["FALSE", "FALSE", "FALSE"]
+
+
+def test_alpha_capture_and_in_step_verdicts_follow_their_thresholds():
+    ranks = lambda eager, host, k: [{"eager_us": eager, "host_us": host, "cpu_op_us": [90], "kernel_us": [k, k, k]},
+                                    {"eager_us": eager, "host_us": host, "cpu_op_us": [90], "kernel_us": [50, 50, 50]}]
+    assert [v.verdict for v in CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": ranks(50, 45, 5)})] == ["TRUE", "TRUE"]
+    assert [v.verdict for v in CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": ranks(50, 20, 30)})] == ["FALSE", "FALSE"]
+    cap = {"size_bytes": 8, "calls": 50, "replays": 10, "correct": [True, True], "eager_us": 50.0, "graph_us": 12.0}
+    assert [v.verdict for v in CLAIMS["06_graph_capture"](cap)] == ["TRUE", "TRUE"]
+    assert [v.verdict for v in CLAIMS["06_graph_capture"]({**cap, "correct": [True, False], "graph_us": 30.0})] == \
+        ["FALSE", "FALSE"]
+    case = lambda h, event, k_early: {"hidden": h, "size_bytes": 4096 * h * 2, "ranks": [
+        {"event_us": [event] * 4, "step_kernel_us": [k_early] * 4, "alone_kernel_us": [30] * 4},
+        {"event_us": [40] * 4, "step_kernel_us": [30] * 4, "alone_kernel_us": [31] * 4}]}
+    v = CLAIMS["06_in_step"]({"tokens": 4096, "cases": [case(512, 250, 200), case(4096, 35, 32)]})
+    assert [x.verdict for x in v] == ["TRUE", "TRUE", "TRUE", "FALSE"]
+
+
+def test_lab_predictions_judge_the_median_ratio():
+    sweep = _sweep()
+    lab04 = {"ops": [{"what": f"send {s}", "op": "send_recv", "size_bytes": s, "world_size": 2, "count_per_step": 1,
+                      "measured_ms": (50 + s / 400e3) * 1e-3, "step_ms": 1.0} for s in (2**22, 2**24, 2**26)]}
+    v = CLAIMS[("06_bench_sweep", "04_comm_summary")](sweep, lab04)
+    assert [(x.claim.split(" fit")[0], x.verdict) for x in v] == [("the send_recv", "FALSE"), ("the one-way", "TRUE")]
+    lab02 = {"ops": [{**op, "op": "all_reduce", "measured_ms": op["measured_ms"] * 3} for op in lab04["ops"]]}
+    assert [x.verdict for x in CLAIMS[("06_bench_sweep", "02_comm_summary")](sweep, lab02)] == ["FALSE"]
+
+
+def test_verdicts_work_on_the_committed_recordings():
+    """Whatever the recordings' version (a sweep from before send_one_way and bare loops included), every
+    verdict function that has its recordings returns verdicts."""
+    for key, fn in CLAIMS.items():
+        names = (key,) if isinstance(key, str) else key
+        paths = [RECORDED / f"{n}.json" for n in names]
+        if all(p.exists() for p in paths):
+            out = fn(*[json.loads(p.read_text())["data"] for p in paths])
+            assert all(v.line().startswith("VERDICT") for v in out), key
+    assert lab_claims.both_over_one_way(lab_claims.sweep_doc(_sweep(2.0, 1.1)))[0] == (8, pytest.approx(2.0))
+
+
+# ----------------------------------------------------------------------------- exercises
+def test_min_size_for_fraction_checker(capsys):
+    check.min_size_for_fraction(solution.min_size_for_fraction)
+    assert "✓ min_size_for_fraction" in capsys.readouterr().out
+
+    def stub(fit, fraction):
+        raise NotImplementedError
+    check.min_size_for_fraction(stub)
+    assert "not attempted" in capsys.readouterr().out
+    assert check.usable(stub, "min_size_for_fraction") is solution.min_size_for_fraction
+    with pytest.raises(ExerciseError, match="n_1/2 = alpha x beta"):
+        check.min_size_for_fraction(lambda fit, f: fit.alpha_us * fit.beta_gbps)
+
+
+def _both_ways(case):  # an exchange: rank 0 also receives, so its output changes
+    peer = 1 - case.rank
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, case.inp, peer), dist.P2POp(dist.irecv, case.out, peer)]):
+        work.wait()
+
+
+def _both_send(case):  # nobody receives: every rank waits for its own send forever
+    dist.isend(case.inp, 1 - case.rank).wait()
+
+
+def _stub(case):
+    raise NotImplementedError
+
+
+def test_send_one_way_checker_on_gloo_ranks(pool, capsys):
+    check.send_one_way(solution.send_one_way, pool)
+    assert "✓ send_one_way delivers rank 2k's input" in capsys.readouterr().out
+    check.send_one_way(_stub, pool)
+    out = capsys.readouterr().out
+    assert "not attempted" in out and "labutils.solutions.lab06.send_one_way" in out and "✓" in out
+    with pytest.raises(ExerciseError, match="wrong elements.*an exchange in both directions"):
+        check.send_one_way(_both_ways, pool)
+    with pytest.raises(ExerciseError, match="did not return within 5 s.*matching receive"):
+        check.send_one_way(_both_send, pool, timeout=5)
+
+
+def test_send_one_way_three_ranks_last_one_idles(no_leaks):
+    out = labutils.launch(_check_three, world_size=3, backend="gloo", timeout=60)
+    assert out == [{8: 0, 4096: 0, 2**20: 0}] * 3
+
+
+def _check_three(rank, world_size):
+    from labutils.bench import ops
+    return {s: ops.verify_one(rank, world_size, "send_one_way", s, run=solution.send_one_way) for s in (8, 4096, 2**20)}
+
+
+# ----------------------------------------------------------------------------- a recording that does not exist
+def test_a_missing_recording_is_a_message_not_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LABUTILS_RECORDED_DIR", str(tmp_path))
+    assert record.measurement("06_nothing", lambda: {"x": 1}, gpus_needed=99) is None
+    assert "NOT AVAILABLE" in capsys.readouterr().out
+    (tmp_path / "06_thing.json").write_text(json.dumps({"name": "06_thing", "fingerprint": "fp", "recorded_at": "2026",
+                                                        "data": {"x": 2}}))
+    m = record.measurement("06_thing", lambda: {"x": 1}, gpus_needed=99)
+    assert m.data == {"x": 2} and not m.live
