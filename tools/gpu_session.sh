@@ -7,8 +7,10 @@
 #   tools/gpu_session.sh [--labs "00 01"] [--no-labs] [--single-gpu] [--tests] [--bench] [--out DIR]
 #
 # Installs .whl/*.whl (if any) offline into .whl/site, then:
-#   --labs   python -m labutils run-labs --inplace --record   (notebooks + notebooks/recorded/*.json)
-#   --single-gpu  every lab again with CUDA_VISIBLE_DEVICES=0 (the 1-GPU mode; nothing is saved)
+#   --labs   python -m labutils run-labs --inplace --record   (notebooks + notebooks/recorded/*.json);
+#            every lab: the course time (table, total, fingerprint, date) in benchmarks/course_<GPUs>.txt
+#   --single-gpu  every lab again with CUDA_VISIBLE_DEVICES=0 (the 1-GPU mode; only its time is saved,
+#            in benchmarks/course_1x<GPU>.txt)
 #   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks)
 #   --bench  the benchmark scripts whose recorded output lives in benchmarks/
 # and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs
@@ -41,12 +43,20 @@ fi
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 python3 -m labutils hw | tee "$out/hw.txt"
 rc=0
+# benchmarks/course_2xH200.txt on the reference machine: "<GPU count>x<first word after NVIDIA>"
+tag() { python3 -c "import torch; n = torch.cuda.device_count(); \
+print(f'{n}x' + (torch.cuda.get_device_name(0).replace('NVIDIA ', '').split()[0] if n else 'CPU'))"; }
 if [ "$run_labs" = 1 ]; then
+  # the course time goes to benchmarks/ only for a run of every lab; a subset's stays in $out
+  if [ -z "$labs" ]; then summary="benchmarks/course_$(tag).txt"; else summary="$out/course_subset.txt"; fi
   # shellcheck disable=SC2086
-  python3 -m labutils run-labs --inplace --record --timeout "$cell_timeout" $labs 2>&1 | tee "$out/run_labs.log" || rc=1
+  python3 -m labutils run-labs --inplace --record --timeout "$cell_timeout" --summary "$summary" $labs 2>&1 \
+    | tee "$out/run_labs.log" || rc=1
 fi
 if [ "$run_single" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=0 python3 -m labutils run-labs --timeout "$cell_timeout" 2>&1 | tee "$out/single_gpu.log" || rc=1
+  summary="benchmarks/course_$(CUDA_VISIBLE_DEVICES=0 tag).txt"
+  CUDA_VISIBLE_DEVICES=0 python3 -m labutils run-labs --timeout "$cell_timeout" --summary "$summary" 2>&1 \
+    | tee "$out/single_gpu.log" || rc=1
 fi
 if [ "$run_bench" = 1 ] && [ -x benchmarks/run_all.sh ]; then
   benchmarks/run_all.sh 2>&1 | tee "$out/bench.log" || rc=1

@@ -1,21 +1,31 @@
 """``python -m labutils run-labs``: execute every lab notebook headless and print a summary table.
 
     python -m labutils run-labs                    # all notebooks/NN_*.ipynb, outputs discarded
-    python -m labutils run-labs 00 02 --inplace    # selected labs, outputs saved into the notebooks
+    python -m labutils run-labs 0 7 setup          # selected labs: number, topic or file name
+    python -m labutils run-labs 00 02 --inplace    # outputs (and widget state) saved into the notebooks
     python -m labutils run-labs --record           # on the reference GPUs: refresh notebooks/recorded/
+    python -m labutils run-labs --summary course.txt   # the table, total and fingerprint to a file
 
 Each notebook runs in a fresh kernel (nbclient) with the notebook's folder as working directory;
-a failure is reported with the failing cell and does not stop the other labs. Exit status 1 if
-any lab failed. Columns: lab, mode (multi-gpu / single-gpu / cpu), status, seconds.
+the kernel talks to this process over Unix sockets (ZeroMQ's ``ipc`` transport) where the platform
+has them, so no TCP port is opened for it. A failure is reported with the failing cell and does not
+stop the other labs. Exit status 1 if any lab failed, 2 if a selected lab does not exist.
+Columns: lab, mode (multi-gpu / single-gpu / cpu), status, seconds.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
+
+
+class UnknownLab(LookupError):
+    """A lab given on the command line matches no notebook (the message lists the labs)."""
 
 
 def notebooks_dir() -> Path:
@@ -24,59 +34,108 @@ def notebooks_dir() -> Path:
     return here if here.is_dir() else Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def find_labs(directory: Path, selected: list[str]) -> list[Path]:
-    """Notebooks ``NN_*.ipynb`` in ``directory``, filtered by prefixes/stems in ``selected``.
+def _matches(key: str, labs: list[Path]) -> list[Path]:
+    """Labs that ``key`` names: a number (``7``, ``07``), a stem (``00_setup``, also with ``.ipynb``
+    or a folder in front), a topic (``setup``), or the start of exactly one topic (``cuda``).
 
     Raises:
-        FileNotFoundError: a selected lab matches no notebook.
+        UnknownLab: ``key`` starts several topics.
     """
-    labs = sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+    key = Path(key).name.removesuffix(".ipynb")
+    if key.isdigit():
+        return [p for p in labs if int(p.stem[:2]) == int(key)]
+    exact = [p for p in labs if key in (p.stem, p.stem[3:])]
+    if exact:
+        return exact
+    prefixed = [p for p in labs if p.stem[3:].startswith(key)] if key else []
+    if len(prefixed) > 1:
+        raise UnknownLab(f"{key!r} could be any of {', '.join(p.stem for p in prefixed)}. "
+                         "HINT: give more of the name, or the number.")
+    return prefixed
+
+
+def find_labs(directory: Path, selected: list[str]) -> list[Path]:
+    """Notebooks ``NN_*.ipynb`` in ``directory``, in the order ``selected`` names them (all if empty).
+
+    Raises:
+        UnknownLab: there is no lab notebook in ``directory``, or a selected lab matches none.
+    """
+    labs = sorted(directory.glob("[0-9][0-9]_*.ipynb"))
+    if not labs:
+        raise UnknownLab(f"no lab notebooks (NN_topic.ipynb) in {directory}. "
+                         "HINT: run from the course folder, or pass --dir NOTEBOOKS_FOLDER.")
     if not selected:
         return labs
     chosen = []
     for key in selected:
-        hits = [p for p in labs if p.stem == key or p.stem.startswith(f"{key}_") or p.name == key]
+        hits = _matches(key, labs)
         if not hits:
-            raise FileNotFoundError(f"no lab matches {key!r} in {directory}. "
-                                    f"HINT: one of {', '.join(p.stem for p in labs)}.")
+            raise UnknownLab(f"no lab {key!r}. Labs: {', '.join(p.stem for p in labs)} "
+                             "(give a number such as 7, a topic such as setup, or a file name).")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 
 
 def format_table(rows: list[tuple[str, str, str, float]]) -> str:
-    """Render ``(lab, mode, status, seconds)`` rows as a fixed-width table (pure)."""
+    """Render ``(lab, mode, status, seconds)`` rows as a fixed-width table with a total line (pure)."""
     head = ("lab", "mode", "status", "seconds")
-    cells = [head] + [(lab, mode, status, f"{secs:.1f}") for lab, mode, status, secs in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(4)]
+    total = ("total", "", f"{sum(r[2] == 'ok' for r in rows)}/{len(rows)} ok", sum(r[3] for r in rows))
+    cells = [(lab, mode, status, f"{secs:.1f}") for lab, mode, status, secs in [*rows, total]]
+    widths = [max(len(r[i]) for r in [head, *cells]) for i in range(4)]
     line = lambda r: "  ".join(str(v).ljust(w) if i < 3 else str(v).rjust(w)  # noqa: E731
-                               for i, (v, w) in enumerate(zip(r, widths)))
+                               for i, (v, w) in enumerate(zip(r, widths))).rstrip()
     sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(head), sep] + [line(r) for r in cells[1:]])
+    return "\n".join([line(head), sep, *map(line, cells[:-1]), sep, line(cells[-1])])
+
+
+def summary_text(table: str, fingerprint: str, when: datetime.datetime, args_line: str) -> str:
+    """The text ``--summary`` writes: what ran, where, when, and the table (pure)."""
+    return (f"python -m labutils {args_line}\n"
+            f"machine: {fingerprint}\n"
+            f"date: {when.isoformat(timespec='seconds')}\n\n{table}\n")
+
+
+def kernel_config(sockets_dir: str):
+    """nbclient configuration for a kernel that listens on Unix sockets in ``sockets_dir`` (no TCP
+    port, so ipykernel has no plain-text TCP traffic to warn about); TCP where ZeroMQ has no ``ipc``."""
+    import zmq
+    from traitlets.config import Config
+    if not zmq.has("ipc"):
+        return Config()
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets_dir, "kernel")}})
 
 
 def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
-    """Execute one notebook; returns (status, seconds). Status is 'ok' or 'FAILED: <reason>'."""
+    """Execute one notebook; returns (status, seconds). Status is 'ok' or 'FAILED: <reason>'.
+
+    With ``inplace`` the notebook is written back with its outputs and with the state of its widgets
+    (``metadata.widgets``), so that saved sliders render before anyone runs the notebook.
+    """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
     t0 = time.perf_counter()
     detail = ""
-    try:
-        client.execute()
-        status = "ok"
-    except CellTimeoutError as exc:
-        status = f"FAILED: cell timed out after {timeout_s:g} s ({str(exc).splitlines()[0][:80]})"
-        detail = str(exc)
-    except CellExecutionError as exc:
-        detail = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
-        last = [ln for ln in detail.splitlines() if ln.strip()][-1:]
-        status = f"FAILED: {last[0][:120] if last else 'cell error'}"
-    except Exception as exc:  # noqa: BLE001 - kernel died, etc.
-        status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
-        detail = traceback.format_exc()
+    with tempfile.TemporaryDirectory(prefix="labutils-kernel-") as sockets:
+        client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", config=kernel_config(sockets),
+                                store_widget_state=True,
+                                resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+            status = "ok"
+        except CellTimeoutError as exc:
+            status = f"FAILED: cell timed out after {timeout_s:g} s ({str(exc).splitlines()[0][:80]})"
+            detail = str(exc)
+        except CellExecutionError as exc:
+            detail = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
+            last = [ln for ln in detail.splitlines() if ln.strip()][-1:]
+            status = f"FAILED: {last[0][:120] if last else 'cell error'}"
+        except Exception as exc:  # noqa: BLE001 - kernel died, etc.
+            status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
+            detail = traceback.format_exc()
+        if status != "ok":
+            client.set_widgets_metadata()  # execute() does it only when every cell ran
     if detail:  # the table keeps one line; the whole story goes to stderr
         print(f"--- {path.stem}: {status}\n{detail}", file=sys.stderr, flush=True)
     secs = time.perf_counter() - t0
@@ -86,19 +145,27 @@ def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("labs", nargs="*", help="lab numbers or stems (default: all)")
-    parser.add_argument("--inplace", action="store_true", help="save the outputs into the notebooks")
+    parser.add_argument("labs", nargs="*",
+                        help="labs to run: number (7 or 07), topic (setup) or file (00_setup.ipynb); default all")
+    parser.add_argument("--inplace", action="store_true",
+                        help="save the outputs and widget state into the notebooks")
     parser.add_argument("--record", action="store_true",
                         help="set LABUTILS_RECORD=1: live measurements replace notebooks/recorded/*.json")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
     parser.add_argument("--dir", type=Path, default=None, help="notebooks folder (default ./notebooks)")
+    parser.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                        help="also write the table, the total, the machine's fingerprint and the date to FILE")
 
 
 def run(args) -> int:
     from tqdm.auto import tqdm
-    from ..hw import detect_mode
+    from ..hw import describe, detect_mode
     directory = args.dir or notebooks_dir()
-    labs = find_labs(directory, args.labs)
+    try:
+        labs = find_labs(directory, args.labs)
+    except UnknownLab as exc:
+        print(f"run-labs: {exc}", file=sys.stderr)
+        return 2
     if args.record:
         os.environ["LABUTILS_RECORD"] = "1"
     mode = detect_mode()
@@ -107,5 +174,13 @@ def run(args) -> int:
         status, secs = execute(path, args.timeout, args.inplace)
         rows.append((path.stem, mode, status, secs))
         tqdm.write(f"{path.stem}: {status} ({secs:.1f} s)")
-    print(format_table(rows))
+    table = format_table(rows)
+    print(table)
+    if args.summary is not None:
+        argv = " ".join(["run-labs", *args.labs, *(["--record"] if args.record else [])])
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        fingerprint = describe(peer_access=False).fingerprint()
+        args.summary.write_text(summary_text(table, fingerprint,
+                                             datetime.datetime.now(datetime.timezone.utc), argv))
+        print(f"summary written to {args.summary}")
     return 0 if all(r[2] == "ok" for r in rows) else 1
