@@ -315,10 +315,11 @@ for r, rank_run in enumerate(DEADLOCK["ranks"]):
     print(f"  rank {r}: " + " -> ".join(rank_run["steps"]))
 
 # %% [markdown]
-# Every step returned on the host; only the GPU never finished. A program without the script's check
-# blocks silently at its first use of the data (the source's `print(final_result)`), until NCCL's
-# watchdog aborts it at the process group's timeout (ten minutes by default); `labutils.launch` stops a
-# launch at its own, shorter timeout (lab 05 reads such a hang in detail). gloo is different: it
+# A `HANG` printed by the script means every step returned on the host and only the GPU never finished
+# (the script looks only after `wait()` returned). A program without that check blocks silently at its
+# first use of the data (the source's `print(final_result)`), until NCCL's watchdog aborts it at the
+# process group's timeout (ten minutes by default); `labutils.launch` stops a launch at its own, shorter
+# timeout (lab 05 reads such a hang in detail). gloo is different: it
 # progresses each `isend`/`irecv` in its own threads, so the source's order completes there (1c), but a
 # *blocking* `dist.send` on every rank deadlocks gloo as surely (`tests/test_p2p.py` shows it).
 
@@ -485,8 +486,11 @@ display(pd.DataFrame.from_dict({name: {"k": c["k"], "compute (ms)": c["compute_m
                                        "back to back (ms)": c["serial_ms"], "overlapped (ms)": c["overlapped_ms"],
                                        "E": c["efficiency"], "reading": overlap.describe_efficiency(c["efficiency"])}
                                 for name, c in cases.items()}, orient="index").round(3))
-fig = plots.bar_plot(list(cases), [c["efficiency"] for c in cases.values()], ylabel="overlap efficiency E",
-                     annotate="{:+.2f}", title=f"Overlap efficiency, {bandwidth.format_size(OV.data['size_bytes'])} ({OV.label})")
+fig = plots.bar_plot([f"{c['compute'].split(' (')[0]}\n+ {c['transfer']}" for c in cases.values()],
+                     [c["efficiency"] for c in cases.values()], ylabel="overlap efficiency E", annotate="{:+.2f}",
+                     title=f"Overlap efficiency, {bandwidth.format_size(OV.data['size_bytes'])} ({OV.label})")
+for label in fig.axes[0].get_xticklabels():
+    label.set(rotation=35, fontsize=8)
 for value, style, label in ((my_prediction_efficiency, "--", "your prediction (all_reduce)"),
                             (my_prediction_copy_efficiency, ":", "your prediction (copy_)")):
     if value is not None:
@@ -536,9 +540,9 @@ widgets.interact(show_case, case=widgets.Dropdown(
 # behind. A matmul that wants every SM loses some to NCCL (and NCCL waits for SMs the matmul holds); a
 # memory-bound kernel competes for the same HBM bandwidth.
 #
-# A copy between GPUs is different: no kernel at all, a copy engine does it. Which engine ran it, and
-# which CUDA calls the host made for it, is in a profiler trace of one copy (rank 0's; live with 2 GPUs,
-# else as recorded):
+# A contiguous copy between GPUs is meant to be different: no kernel at all, a copy engine does it. Which
+# engine ran it, and which CUDA calls the host made for it, is in a profiler trace of one copy (rank 0's;
+# live with 2 GPUs, else as recorded):
 
 # %% tags=["nbval-ignore-output"]
 PROFILES = OV.data.get("profiles", {})
@@ -551,12 +555,13 @@ if not PROFILES:
     print("this recording holds no profile (it predates the trace); run the lab on 2 GPUs to make one")
 
 # %% [markdown]
-# `copy_` between two GPUs issues one `cudaMemcpyAsync` — the copy engine, no SMs — plus two events and
-# two stream waits. PyTorch's source says why (`aten/src/ATen/native/cuda/Copy.cu`): *"We always perform
-# the copy on the source device, using the current stream on the source device, and we fully synchronize
-# on both src and dst's current streams for completion of the copy."* Before the copy, the copy stream
-# waits for an event recorded on the **destination GPU's current stream**; after it, that stream waits
-# for the copy. Within one process that makes the copy wait for whatever the destination GPU's current
+# PyTorch's `copy_` between two GPUs is written to issue one `cudaMemcpyAsync` — a copy engine, no SMs —
+# plus two events and two stream waits, and its source says why (`aten/src/ATen/native/cuda/Copy.cu`):
+# *"We always perform the copy on the source device, using the current stream on the source device, and we
+# fully synchronize on both src and dst's current streams for completion of the copy."* Before the copy,
+# the copy stream waits for an event recorded on the **destination GPU's current stream**; after it, that
+# stream waits for the copy. The trace above, and the last two verdicts of the overlap cell, check that
+# this is what ran here. Within one process that makes the copy wait for whatever the destination GPU's current
 # stream was doing, and makes everything issued there afterwards wait for the copy.
 #
 # Here each rank is its own process, and each rank's copy goes *to the other rank's GPU*, where the other
