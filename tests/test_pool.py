@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from labutils import LaunchConfigError, RankError, RankPool, RankTimeout
-from labutils.pool import protocol, task
+from labutils.pool import RanksInterrupted, protocol, task
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 
@@ -156,7 +156,11 @@ def test_hang_raises_rank_timeout_and_restarts(pool, capsys):
     assert e.value.ranks == [0] and time.monotonic() - t0 < 30
     assert capsys.readouterr().out == "[rank 0] waiting\n[rank 1] waiting\n"
     assert all(_gone(p) for p in pids)
+    # the error came back at once: the fresh ranks start in the background, the next task waits
+    status = pool.status()
+    assert status.starting and status.running and "starting" in str(status) and pool.start_s == 0.0
     assert pool.run(all_reduce_sum, output="quiet")[1].item() == 3.0
+    assert not pool.status().starting and pool.start_s > 0
 
 
 def test_rank_dying_in_a_task_restarts(pool, capsys):
@@ -185,20 +189,23 @@ def test_keyboard_interrupt_stops_python_code_and_keeps_pool(pool, capsys):
     pool.exec("still_here = True")
     pids = pool.status().pids
     _sigint_main_thread_after(0.5)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as e:  # a RanksInterrupted: still a KeyboardInterrupt
         pool.exec("import time\nprint('sleeping')\ntime.sleep(60)")
+    assert isinstance(e.value, RanksInterrupted) and e.value.ranks == [0, 1] and e.value.stuck == []
+    assert str(e.value).startswith("interrupted while ranks [0, 1] ran a task; they stopped it and the "
+                                   "pool keeps running with its state. HINT: ")
+    assert e.value._render_traceback_() == [f"\x1b[31mRanksInterrupted\x1b[0m: {e.value}"]  # no frames
     captured = capsys.readouterr()
-    assert captured.out == "[rank 0] sleeping\n[rank 1] sleeping\n"
-    assert "ranks [0, 1] stopped the task; the pool keeps running" in captured.err
+    assert captured.out == "[rank 0] sleeping\n[rank 1] sleeping\n" and captured.err == ""
     assert pool.status().pids == pids and pool.fetch("still_here") == [True, True]
 
 
 def test_keyboard_interrupt_in_stuck_collective_restarts(pool, capsys):
     pids = pool.status().pids
     _sigint_main_thread_after(0.5)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RanksInterrupted, match=r"ranks \[0\] did not stop .* the pool was restarted") as e:
         pool.exec("if rank == 0:\n    dist.all_reduce(torch.ones(1))")
-    assert "ranks [0] did not stop" in capsys.readouterr().err
+    assert e.value.stuck == [0] and "HINT: a collective that not every rank calls" in str(e.value)
     assert all(_gone(p) for p in pids)
     assert pool.run(lambda r, w: r, output="quiet") == [0, 1]
 
@@ -235,6 +242,15 @@ def test_bad_pool_arguments():
             RankPool(backend="nccl")
     with pytest.raises(LaunchConfigError, match="timeout must be"):
         RankPool(timeout=-1)
+
+
+def test_close_while_fresh_ranks_start_is_quick_and_leaves_nothing(no_leaks):
+    with RankPool(world_size=1, backend="gloo", timeout=30, output="quiet") as p:
+        with pytest.raises(RankTimeout, match="restarted"):
+            p.exec("import time\ntime.sleep(30)", timeout=0.5)
+        assert p.status().starting
+        t0 = time.monotonic()
+    assert p.closed and time.monotonic() - t0 < 2.0  # killed, not asked to stop: they could not hear it
 
 
 def test_start_failures_raise_and_leave_nothing(no_leaks):

@@ -44,6 +44,11 @@ def test_error_in_a_cell_is_reported_and_the_pool_stays(ip, capsys):
     with pytest.raises(RankError, match="rank 0 raised ZeroDivisionError: division by zero") as e:
         ip.run_cell_magic("ranks", "", "value = 1 / rank")
     assert "value = 1 / rank" in e.value.traceback  # the cell's own line, from the rank
+    # run as a cell: the rank's traceback names the cell by the number it shows, In [N]
+    result = ip.run_cell("%%ranks -r 0\nvalue = 1 / rank", store_history=True)
+    assert isinstance(result.error_in_exec, RankError)
+    assert f'File "<%%ranks cell {result.execution_count}>", line 1' in result.error_in_exec.traceback
+    capsys.readouterr()
     ip.run_cell_magic("ranks", "-r 1", "value")
     assert capsys.readouterr().out == "[rank 1] 1.0\n"
     assert _magics(ip).pool.status().pids == pids

@@ -14,7 +14,9 @@
 Each rank keeps its own namespace between cells (until the pool is restarted); each rank's output
 is printed under ``[rank r]``, grouped in rank order; ``--fetch x`` assigns ``x = [x on rank 0,
 x on rank 1, ...]`` (selected ranks, rank order) in the notebook. Errors are those of
-``RankPool.run``: RankError with the rank's traceback, RankTimeout, KeyboardInterrupt.
+``RankPool.run``: RankError with the rank's traceback, RankTimeout, RanksInterrupted (a
+KeyboardInterrupt). A rank's traceback names the cell as ``<%%ranks cell N>``, N the cell's
+``In [N]`` number.
 """
 from __future__ import annotations
 
@@ -132,9 +134,15 @@ class RanksMagics(Magics):
         pool = self._require_pool()
         values = pool.exec(cell, ranks=self._selected(args.ranks), timeout=args.timeout,
                            output=args.output, fetch=fetch,
-                           filename=f"<%%ranks cell {self.shell.execution_count}>")
+                           filename=f"<%%ranks cell {self.cell_number()}>")
         for name in fetch:
             self.shell.user_ns[name] = [d[name] for d in values]
+
+    def cell_number(self) -> int:
+        """The ``In [N]`` number of the cell running now. IPython's displayhook knows it (``Out[N]``
+        uses it); ``shell.execution_count`` is already N + 1 while a cell runs in IPython >= 9."""
+        hook = getattr(self.shell, "displayhook", None)
+        return getattr(hook, "prompt_count", self.shell.execution_count)
 
     def stop(self, quiet: bool = False) -> None:
         """Close the pool (``%ranks stop``); idempotent."""

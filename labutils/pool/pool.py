@@ -16,14 +16,14 @@ each rank keeps between calls (what ``%%ranks`` uses). Faults (docs of ``run``):
 in a rank raises ``RankError`` and keeps the pool if every other rank returned; a rank stuck
 afterwards (in a collective with the failed one), a hang (``RankTimeout``) or a dead rank
 restarts the pool -- fresh ranks, per-rank state gone, and the exception says so. Ctrl-C / kernel
-interrupt sends SIGINT to the ranks: the pool survives if they stop, else it is restarted.
+interrupt sends SIGINT to the ranks: the pool survives if they stop, else it is restarted. A
+restart after a fault returns at once: the fresh ranks start in the background while you read the
+error, and the next task waits for them.
 """
 from __future__ import annotations
 
-import dataclasses
 import linecache
 import os
-import sys
 import threading
 import time
 import weakref
@@ -34,32 +34,10 @@ from ..launch import default_config
 from ..procs import print_rank_lines
 from . import protocol
 from .ranks import Ranks
-from .task import RESTARTED, Task
+from .status import PoolStatus
+from .task import RESTARTED, RanksInterrupted, Task
 
 OUTPUTS = ("grouped", "live", "quiet")
-
-
-@dataclasses.dataclass
-class PoolStatus:
-    """What ``RankPool.status()`` reports (plain data)."""
-    world_size: int
-    backend: str
-    running: bool
-    alive: list
-    dead: dict
-    pids: list
-    devices: list
-    tasks_run: int
-    restarts: int
-    uptime_s: float
-
-    def __str__(self) -> str:
-        if not self.running:
-            return f"RankPool: not running ({self.world_size} ranks, backend {self.backend})"
-        state = "all alive" if not self.dead else f"DEAD ranks {sorted(self.dead)}"
-        return (f"RankPool: {self.world_size} ranks, backend {self.backend}, {state}; "
-                f"devices {self.devices}; pids {self.pids}; {self.tasks_run} tasks run, "
-                f"{self.restarts} restarts, up {self.uptime_s:.0f} s")
 
 
 def _check_output(output):
@@ -127,15 +105,32 @@ class RankPool:
     def backend(self) -> str:
         return self.config.backend
 
-    def _start(self) -> None:
+    @property
+    def start_s(self) -> float:
+        """Seconds the current ranks took to start (process, ``import torch``, process group);
+        0 while they are still starting."""
+        r = self._holder[0]
+        return r.start_s if r is not None else 0.0
+
+    def _start(self, wait: bool = True) -> None:
+        """Spawn fresh ranks; with ``wait``, wait until they are ready (else the next task does)."""
         ranks = Ranks(self.config.world_size, self.config.backend, self.timeout, self._env)
-        try:
-            lines = ranks.start(self.start_timeout)
-        except (RankError, RankTimeout):  # the ranks are killed already; show what they said
-            if self.output != "quiet":
-                print_rank_lines(ranks.failed_output, True)
-            raise
+        ranks.spawn()
         self._holder[0] = ranks
+        if wait:
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        ranks = self._holder[0]
+        if ranks is None or ranks.ready:
+            return
+        try:
+            lines = ranks.wait_ready(self.start_timeout)
+        except BaseException as exc:  # the ranks are killed already (Ctrl-C included)
+            self._holder[0] = None  # the next task starts afresh
+            if isinstance(exc, (RankError, RankTimeout)) and self.output != "quiet":
+                print_rank_lines(ranks.failed_output, True)  # what they said (NCCL's words)
+            raise
         if lines and self.output != "quiet":
             print_rank_lines(lines, True)
 
@@ -154,7 +149,7 @@ class RankPool:
         self._closed = True
         ranks, self._holder[0] = self._holder[0], None
         if ranks is not None:
-            ranks.stop()
+            ranks.stop() if ranks.ready else ranks.kill()  # starting ranks would not hear "stop"
         self._finalizer.detach()
 
     @property
@@ -178,7 +173,8 @@ class RankPool:
         return PoolStatus(self.world_size, self.backend, r is not None,
                           [i for i in range(self.world_size) if r and i not in dead], dead,
                           r.pids if r else [], r.devices if r else [], self.tasks_run,
-                          self.restarts, time.monotonic() - r.started_at if r else 0.0)
+                          self.restarts, time.monotonic() - r.started_at if r and r.ready else 0.0,
+                          starting=bool(r and not r.ready))
 
     def _require_open(self) -> None:
         if self._closed:
@@ -204,7 +200,8 @@ class RankPool:
             RankError: a rank raised (pool kept if every other rank returned, else restarted)
                 or died (pool restarted). The message says which.
             RankTimeout: ranks did not finish in time; the pool was restarted.
-            KeyboardInterrupt: after the ranks were interrupted (or the pool restarted).
+            RanksInterrupted (a KeyboardInterrupt): the notebook was interrupted; the ranks were
+                interrupted too (the pool kept) or did not stop (the pool restarted). The message says which.
         """
         if not callable(fn):
             raise LaunchConfigError(f"fn must be callable, got {fn!r}. "
@@ -273,8 +270,9 @@ class RankPool:
             raise RuntimeError("this RankPool is busy with another task (from another thread). "
                                "HINT: one task at a time per pool; create a second pool for more.")
         try:
-            if self._holder[0] is None:  # stopped by an earlier interrupt: start afresh
+            if self._holder[0] is None:  # a start that failed: try afresh
                 self._start()
+            self._wait_ready()  # fresh ranks of a restart may still be starting
             self._check_idle_deaths()
             self._task_id += 1
             self.tasks_run += 1
@@ -289,7 +287,9 @@ class RankPool:
         if not dead:
             return
         lines = ranks.collect_output()
-        self.restart()
+        self._kill()
+        self.restarts += 1
+        self._start(wait=False)
         r = min(dead)
         tail = "".join(t for rr, t in lines if rr == r).splitlines()[-20:]
         raise RankError(r, exit_code=dead[r], ranks=list(dead), traceback="\n".join(tail),
@@ -304,17 +304,13 @@ class RankPool:
         if restart:
             self._kill()
         task.print_output()  # before the new ranks say anything
-        if restart:
+        if restart:  # in the background: the error comes back now, the next task waits for the ranks
             self.restarts += 1
-            self._start()
-        if outcome == "interrupted":
-            print(f"labutils: interrupted; ranks {task.selected} stopped the task; the pool keeps "
-                  "running with its state.", file=sys.stderr)
-            raise KeyboardInterrupt
-        if outcome == "interrupted-stuck":
-            print(f"labutils: interrupted; ranks {sorted(task.pending)} did not stop (stuck in a "
-                  f"collective or native code), so {RESTARTED}.", file=sys.stderr)
-            raise KeyboardInterrupt
+            self._start(wait=False)
+        if outcome in ("interrupted", "interrupted-stuck"):
+            running = task.interrupted or task.selected
+            stuck = sorted(set(task.pending) | set(task.dead)) or running
+            raise RanksInterrupted(running, stuck if outcome == "interrupted-stuck" else [])
         if outcome == "timeout":
             raise RankTimeout(sorted(task.pending or task.unended), task.timeout, hint=(
                 "a collective that not every rank calls never returns; look at the last line "

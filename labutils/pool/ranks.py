@@ -2,10 +2,12 @@
 
 The ranks are fresh interpreters (``python -m labutils.pool.worker``) in their own sessions, with
 the environment of ``procs.rank_env`` (loopback networking, one GPU per rank under NCCL). They
-rendezvous through a ``procs.LoopbackStore`` owned here, and connect back to a
-``protocol.ControlServer`` that is closed as soon as all of them are in. ``pump`` waits on every
-connection and output pipe at once in the calling thread -- no reader threads, so a result wakes
-the notebook the moment it arrives, and output is read in the order it was written.
+rendezvous through a ``procs.LoopbackStore`` owned here (its server answers from its own thread),
+and, once their process group is up, connect back to a ``protocol.ControlServer`` that is closed as
+soon as all of them are in. So ``spawn`` can return at once and the ranks start by themselves while
+the notebook does something else; ``wait_ready`` collects them. ``pump`` waits on every connection
+and output pipe at once in the calling thread -- no reader threads, so a result wakes the notebook
+the moment it arrives, and output is read in the order it was written.
 """
 from __future__ import annotations
 
@@ -28,8 +30,13 @@ START_HINT = ("the ranks could not start (import torch + process group set-up). 
 
 
 class Ranks:
-    """One generation of pool ranks (see the module docstring). ``start`` raises with every
-    process killed; ``kill``/``stop`` are idempotent."""
+    """One generation of pool ranks (see the module docstring). ``start`` (= ``spawn`` +
+    ``wait_ready``) raises with every process killed; ``kill``/``stop`` are idempotent.
+
+    Attributes:
+        ready: every rank joined the process group and connected.
+        start_s: seconds from ``spawn`` until ready (0 until then).
+    """
 
     def __init__(self, world_size: int, backend: str, timeout_s: float, env: dict | None = None):
         self.world_size, self.backend, self.env = world_size, backend, env
@@ -43,14 +50,24 @@ class Ranks:
         self._readers: dict = {}  # waitable object -> ("out" | "conn", rank)
         self._by_pid: dict[int, int] = {}
         self.store = None
+        self.server: protocol.ControlServer | None = None
+        self.spawned_at = 0.0
         self.started_at = 0.0
+        self.start_s = 0.0
+        self.ready = False
         self.failed_output: list[tuple[int, str]] = []
 
     def start(self, start_timeout_s: float) -> list[tuple[int, str]]:
         """Spawn, authenticate and wait for every rank's process group; returns their output."""
+        self.spawn()
+        return self.wait_ready(start_timeout_s)
+
+    def spawn(self) -> None:
+        """Start the rank processes and return; they join the process group on their own."""
         token = protocol.new_token()
-        server = protocol.ControlServer(token)
-        hello = (json.dumps({"address": list(server.address), "token": token.hex()}) + "\n").encode()
+        self.server = protocol.ControlServer(token)
+        hello = (json.dumps({"address": list(self.server.address), "token": token.hex()}) + "\n").encode()
+        self.spawned_at = time.monotonic()
         try:
             self.store = procs.LoopbackStore(timeout_s=self.pg_timeout_s)
             for r in range(self.world_size):
@@ -68,19 +85,35 @@ class Ranks:
                     p.stdin.write(hello)
                     p.stdin.close()
                 except OSError:
-                    pass  # it died already: found below with its output
-            self._wait_ready(server, start_timeout_s)
+                    pass  # it died already: found by wait_ready with its output
+        except BaseException:
+            self.kill()
+            raise
+
+    def wait_ready(self, start_timeout_s: float) -> list[tuple[int, str]]:
+        """Wait until every rank is connected with its process group up (``start_timeout_s`` from
+        ``spawn``); returns their output. Raises RankError / RankTimeout with every process killed."""
+        if self.ready:
+            return []
+        try:
+            self._wait_ready(self.server, self.spawned_at + start_timeout_s, start_timeout_s)
         except BaseException:
             self.failed_output = self.collect_output()  # for the caller to show (NCCL's words)
             self.kill()
             raise
         finally:
-            server.close()  # nothing listens once the ranks are connected
+            self._close_server()  # nothing listens once the ranks are connected
+        self.ready = True
         self.started_at = time.monotonic()
+        self.start_s = self.started_at - self.spawned_at
         return self.collect_output()
 
-    def _wait_ready(self, server: protocol.ControlServer, start_timeout_s: float) -> None:
-        deadline = time.monotonic() + start_timeout_s
+    def _close_server(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def _wait_ready(self, server: protocol.ControlServer, deadline: float, start_timeout_s: float) -> None:
         waiting = set(range(self.world_size))
         while waiting:
             for rank, kind, _, body in self.pump(0.1, server):
@@ -224,6 +257,7 @@ class Ranks:
                 pass
         self._readers.clear()
         self.conns.clear()
+        self._close_server()
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -27,6 +27,35 @@ INTERRUPT_GRACE_S = 2.0   # after SIGINT: time to stop before a rank counts as s
 RESTARTED = "the pool was restarted: fresh ranks, variables kept on the ranks are gone"
 
 
+class RanksInterrupted(KeyboardInterrupt):
+    """The notebook was interrupted (Ctrl-C, the kernel's Interrupt) while the pool's ranks ran a task.
+
+    Still a ``KeyboardInterrupt`` (code that stops on Ctrl-C keeps doing so); the message says what
+    became of the ranks. In IPython it is shown as that one message: the frames of labutils'
+    wait loop, where the interrupt happened to land, say nothing about the learner's code.
+
+    Attributes:
+        ranks: the ranks that were running the task.
+        stuck: those that did not stop (the pool was then restarted).
+    """
+
+    def __init__(self, ranks: list[int], stuck: list[int]):
+        self.ranks, self.stuck = sorted(ranks), sorted(stuck)
+        if stuck:
+            msg = (f"interrupted while ranks {self.ranks} ran a task; ranks {self.stuck} did not stop "
+                   f"(stuck in a collective or in native code, where SIGINT cannot reach Python), so "
+                   f"{RESTARTED}. HINT: a collective that not every rank calls never returns; give "
+                   "such cells a --timeout (or timeout=) and read the RankTimeout.")
+        else:
+            msg = (f"interrupted while ranks {self.ranks} ran a task; they stopped it and the pool "
+                   "keeps running with its state. HINT: what the ranks assigned before the interrupt "
+                   "is still there; run the cell again to redo the task.")
+        super().__init__(msg)
+
+    def _render_traceback_(self) -> list[str]:  # IPython hook: the message, not our frames
+        return [f"\033[31m{type(self).__name__}\033[0m: {self}"]
+
+
 class Task:
     """One task on one generation of ranks: the wait loop and its fault rules."""
 

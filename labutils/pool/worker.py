@@ -1,8 +1,10 @@
 """One persistent rank of a ``RankPool``: ``python -m labutils.pool.worker RANK WORLD_SIZE BACKEND PORT TIMEOUT``.
 
-Reads ``{"address": [host, port], "token": hex}`` from stdin, connects to the notebook's
-control channel, joins the process group (``_rank.init_distributed``: one GPU per rank under
-NCCL), then serves tasks until told to stop or until the notebook goes away:
+Reads ``{"address": [host, port], "token": hex}`` from stdin, joins the process group
+(``_rank.init_distributed``: one GPU per rank under NCCL), then connects to the notebook's control
+channel and says ``ready`` (or ``failed``, with the error) -- in that order, so that the slow part of a
+start needs nothing from the notebook, which may be busy elsewhere meanwhile -- then serves tasks
+until told to stop or until the notebook goes away:
 
 * ``call``: ``fn(rank, world_size, *args, **kwargs)``, the contract of ``labutils.launch``;
 * ``exec``: a ``%%ranks`` cell, run in this rank's namespace (kept between cells) holding
@@ -133,13 +135,16 @@ def main(argv: list[str]) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)  # input() in a cell gets EOF instead of hanging
     os.dup2(devnull, 0)
     os.close(devnull)
-    conn = protocol.connect(cfg["address"], bytes.fromhex(cfg["token"]))
-    conn.send_bytes(protocol.pack("hello", os.getpid()))
+    failure = None
     try:
         init_distributed(rank, world_size, backend, port, timeout_s, eager=True)
         ns = make_namespace(rank, world_size, backend)
     except BaseException as exc:  # noqa: BLE001
-        conn.send_bytes(protocol.pack("failed", 0, protocol.dumps(error_info(exc))))
+        failure = error_info(exc)
+    conn = protocol.connect(cfg["address"], bytes.fromhex(cfg["token"]))
+    conn.send_bytes(protocol.pack("hello", os.getpid()))
+    if failure is not None:
+        conn.send_bytes(protocol.pack("failed", 0, protocol.dumps(failure)))
         sys.stdout.flush()
         os._exit(1)
     conn.send_bytes(protocol.pack("ready", 0, protocol.dumps(str(ns["device"]))))
