@@ -180,3 +180,20 @@ def timeline_plot(spans: Sequence[Mapping], *, title: str = "", xlabel: str = "t
     if len(kinds) > 1:
         ax.legend(fontsize=8, loc="upper right")
     return fig
+
+
+def source_label(*measurements) -> str:
+    """Where the data of one plot come from, said once: ``"RECORDED 2026-11-29: 2x NVIDIA H200"`` for
+    two recordings of one machine (not that label twice), ``"live: … / RECORDED …: …"`` for a mix.
+
+    Args:
+        measurements: ``recorded.Measurement`` objects (anything with ``live``, ``fingerprint`` and
+            ``recorded_at``), in the order the plot shows them.
+    """
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for m in measurements:
+        dates = groups.setdefault((bool(m.live), m.fingerprint.split(" | ")[0]), [])
+        if m.recorded_at[:10] not in dates:
+            dates.append(m.recorded_at[:10])
+    return " / ".join(f"live: {hw}" if live else f"RECORDED {', '.join(dates)}: {hw}"
+                      for (live, hw), dates in groups.items())

@@ -35,3 +35,16 @@ def test_time_line_bar_timeline():
     assert all(isinstance(f, Figure) for f in figs)
     assert [t.get_text() for t in figs[3].axes[0].get_yticklabels()] == ["GPU0", "GPU1"]
     assert len(figs[2].axes[0].texts) == 2  # annotated bars
+
+
+def test_source_label_says_each_source_once():
+    from labutils.recorded import Measurement
+    hw = "2x NVIDIA H200 | NV18 | torch 2.11.0+cu130"
+    a = Measurement("a", {}, False, hw, "2026-11-29T20:40:05+00:00")
+    b = Measurement("b", {}, False, hw, "2026-11-29T21:00:00+00:00")
+    c = Measurement("c", {}, False, hw, "2026-11-30T08:00:00+00:00")
+    here = Measurement("d", {}, True, "1x NVIDIA L4 | torch 2.13.0", "2026-11-30T09:00:00+00:00")
+    assert plots.source_label(a, b) == a.label == "RECORDED 2026-11-29: 2x NVIDIA H200"
+    assert plots.source_label(a, c) == "RECORDED 2026-11-29, 2026-11-30: 2x NVIDIA H200"
+    assert plots.source_label(here, a) == "live: 1x NVIDIA L4 / RECORDED 2026-11-29: 2x NVIDIA H200"
+    assert plots.source_label(here) == here.label
