@@ -57,6 +57,25 @@ def run_or_reference(fn, reference, *args, **kwargs):
         return reference(*args, **kwargs), True
 
 
+def implemented_or_reference(fn, reference, probe):
+    """The function the rest of a notebook should use: ``fn`` once the learner has written it, else
+    ``reference`` -- the "stub not attempted, so use the reference" step every checker needs.
+
+    ``probe(fn)`` calls the function the way the check will (e.g. ``lambda f: f(2, 8)``). If the stub
+    still raises NotImplementedError, ``say_not_attempted(reference)`` says so plainly and ``reference``
+    is returned. Any other exception (a wrong attempt, or a probe that cannot run outside the check's
+    ranks) returns ``fn``: the check that follows reports what is wrong with it.
+    """
+    try:
+        probe(fn)
+    except NotImplementedError:
+        say_not_attempted(reference)
+        return reference
+    except Exception:  # noqa: BLE001 - the learner's code may raise anything; the check judges it
+        return fn
+    return fn
+
+
 def run_ranks(rank_fn, *args, pool=None, world_size: int, timeout_s: float = 90.0,
               hint: str = "run it by hand in a rank function (pool.run) and print the shapes",
               hints: dict | None = None) -> list:
