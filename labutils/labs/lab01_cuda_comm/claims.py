@@ -21,7 +21,7 @@ SHRINK = 4                # float32 -> uint8: a quarter of the bytes
 PROPORTIONAL = 0.35       # a quarter of the bytes in <= 0.35 of the time: proportional, with 40% slack
 AS_FAST = 1.0             # the peer copy takes no longer than NCCL's broadcast
 LARGE = 64 << 20          # "large" for the peer copy comparison: from 64 MiB up
-NARROWER = 0.6            # half the bytes (fp16) in <= 0.6 of the time
+NARROWER = 0.65           # half the bytes (fp16) in <= 0.65 of the time: the ideal 0.5 plus the fixed alpha
 SLOWER = 1.1              # "slower": at least 10% more time
 CHEAP = 0.5               # a cast costing at most half of the transfer it precedes
 ONE_BLOCK_GAIN = 2.0      # tip 3 holds if many blocks take at least twice one block's time
