@@ -1,0 +1,66 @@
+"""Checkers for lab 07's exercises, which are ``%%ranks`` cells: each fetches the learner's variable
+from every rank of the notebook's pool and prints ``✓ ...`` or raises ``ExerciseError`` with a HINT.
+
+A variable still ``None`` on every rank is "not attempted": the checker says so, runs the reference
+solution (``labutils.solutions.lab07``) on the ranks instead and checks that, so the notebook keeps going.
+"""
+from __future__ import annotations
+
+from ..solutions import lab07 as solution
+from . import fail, not_attempted, passed
+
+
+def _fetch_or_reference(pool, name: str, reference: str) -> list:
+    values = pool.fetch(name)
+    if all(not_attempted(v) for v in values):
+        print(f"… not attempted: {name} is still None on the ranks, so the reference solution "
+              f"labutils.solutions.lab07.{name.upper()} runs on them instead. Write yours in the cell "
+              "above and run both cells again.")
+        pool.exec(reference, output="quiet")
+        values = pool.fetch(name)
+    return values
+
+
+def _as(convert, values: list, name: str, hint: str) -> list:
+    try:
+        return [convert(v) for v in values]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        fail(f"{name} on the ranks is {values!r} ({type(exc).__name__}: {exc})", hint)
+
+
+MEAN_HINT = ("sum the ranks with dist.all_reduce(t) (op SUM by default), then divide by world_size; "
+             "use .item() for a float")
+SQUARES_HINT = ("dist.all_gather(list_of_world_size_tensors, mine) fills the list in rank order; each "
+                "tensor must have the same shape and dtype as `mine`")
+
+
+def mean_rank(pool) -> None:
+    """Exercise 1: ``mean_rank`` is (world_size - 1) / 2 on every rank."""
+    values = _fetch_or_reference(pool, "mean_rank", solution.MEAN_RANK)
+    want = (pool.world_size - 1) / 2
+    got = _as(lambda v: round(float(v), 6), values, "mean_rank", MEAN_HINT)
+    if got != [want] * len(got):
+        hint = MEAN_HINT
+        if got == [float(sum(range(pool.world_size)))] * len(got):
+            hint = "that is the sum of the ranks: divide it by world_size"
+        elif len(set(got)) > 1:
+            hint = "the ranks disagree: every rank must call dist.all_reduce on its own tensor"
+        fail(f"mean_rank on the ranks is {got}, expected {want} on every rank", hint)
+    passed(f"mean_rank = {want} on all {len(got)} ranks")
+
+
+def squares(pool) -> None:
+    """Exercise 2: ``squares`` is ``[0, 1, 4, ...]`` (every rank's rank ** 2) on every rank."""
+    values = _fetch_or_reference(pool, "squares", solution.SQUARES)
+    want = [r * r for r in range(pool.world_size)]
+
+    def to_ints(v):
+        return [int(round(float(x.item() if hasattr(x, "item") else x))) for x in v]
+
+    got = _as(to_ints, values, "squares", SQUARES_HINT)
+    if any(g != want for g in got):
+        hint = SQUARES_HINT
+        if any(sorted(g) == want for g in got):
+            hint = "the right values in the wrong order: all_gather's list is in rank order already"
+        fail(f"squares on the ranks is {got}, expected {want} on every rank", hint)
+    passed(f"squares = {want} on all {len(got)} ranks")
