@@ -204,13 +204,12 @@ series = {**local.data["gbps"], **peer.data["gbps"]}
 fit_p2p = bandwidth.AlphaBeta(**peer.data["fits"]["cuda:0 -> cuda:1"])
 fit_h2d = bandwidth.AlphaBeta(**local.data["fits"]["H2D pinned"])
 PEAKS = peer.data.get("topology") or {}
-source = local.label if local.label == peer.label else f"{local.label} / {peer.label}"
 plots.bandwidth_plot(
     local.data["size_bytes"], series, fits={"cuda:0 -> cuda:1": fit_p2p, "H2D pinned": fit_h2d},
     peak_gbps=PEAKS.get("link_peak_gbps"), peak_label="NVLink line rate",
     peaks={"NVLink data rate": PEAKS.get("link_data_peak_gbps"), "PCIe ceiling": PEAKS.get("pcie_peak_gbps")},
     prediction=None if my_prediction_gbps is None else (2**30, my_prediction_gbps),
-    title=f"copy bandwidth [{source}]", logy=True)
+    title=f"copy bandwidth [{plots.source_label(local, peer)}]", logy=True)
 
 # %% tags=["nbval-ignore-output"]
 pd.DataFrame([{"copy": kind, "alpha (us)": f["alpha_us"], "beta (GB/s)": f["beta_gbps"],
