@@ -63,19 +63,12 @@ def test_kernel_parts_transfer_is_the_shortest_kernel_of_a_call():
             analysis.kernel_parts(bad)
 
 
-def test_alpha_split_and_in_step_parts():
+def test_alpha_split():
     ranks = [{"eager_us": 50.0, "host_us": 48.0, "cpu_op_us": [90, 91, 92], "kernel_us": [9, 4, 4, 4]},
              {"eager_us": 50.0, "host_us": 47.0, "cpu_op_us": [80, 81, 82], "kernel_us": [99, 40, 42, 44]}]
     a = analysis.alpha_split(ranks)
     assert (a["eager_us"], a["host_us"], a["cpu_op_us"], a["transfer_us"]) == (50.0, 48.0, 91, 4)
-    assert a["device_share"] == pytest.approx(0.08)
-    steps = [{"event_us": [900, 250, 260, 240], "step_kernel_us": [800, 200, 210, 30],
-              "alone_kernel_us": [90, 31, 32, 29]},
-             {"event_us": [100, 60, 70, 230], "step_kernel_us": [20, 30, 30, 200], "alone_kernel_us": [1, 30, 30, 30]}]
-    p = analysis.in_step_parts(steps)
-    assert p["lab02_us"] == 250 and p["event_us"] == [250, 70]
-    assert p["transfer_us"] == 30 and p["alone_transfer_us"] == 30
-    assert p["wait_us"] == [170, 0] and p["launch_us"] == [50, 30] and p["steps"] == 3
+    assert a["device_share"] == pytest.approx(0.08) and a["kernel_us"] == [4, 42] and a["calls"] == 3
 
 
 def test_predictions_use_the_fit_of_the_same_kind_of_transfer():
@@ -83,13 +76,16 @@ def test_predictions_use_the_fit_of_the_same_kind_of_transfer():
     base = {"what": "activations", "op": "send_recv", "size_bytes": 2**20, "world_size": 2, "count_per_step": 4,
             "measured_ms": 0.05, "step_ms": 10.0}
     ops = analysis.comm_ops({"ops": [base, {**base, "direction": "both"}, {**base, "op": "send_one_way"},
-                                     {**base, "world_size": 4}, {**base, "kernel_ms": 0.01}]})
-    assert ops[4]["extra_ms"] == {"kernel_ms": 0.01}
+                                     {**base, "world_size": 4}, {**base, "kernel_ms": 0.01, "wait_ms": None}]})
+    assert ops[4]["extra_ms"] == {"kernel_ms": 0.01} and ops[0]["extra_ms"] == {}
     rows = analysis.predictions(fits, ops, 2, default_p2p=analysis.ONE_WAY)
     assert [r["fit"] for r in rows] == ["send_one_way", "send_recv", "send_one_way", "send_one_way", "send_one_way"]
     assert rows[0]["predicted_ms"] == pytest.approx(fits["send_one_way"].predict_ms(2**20))
+    assert rows[0]["ratio"] == pytest.approx(rows[0]["predicted_ms"] / 0.05)
     assert rows[3]["predicted_ms"] is None and "ran on 4 ranks" in rows[3]["note"]
-    assert rows[4]["kernel_ms"] == 0.01
+    transfer = analysis.predictions(fits, ops, 2, analysis.ONE_WAY, measured="kernel_ms")
+    assert transfer[4]["measured_ms"] == 0.01 and transfer[0]["ratio"] is None
+    assert transfer[0]["note"] == "no kernel_ms in this recording"
     assert analysis.fit_for({"op": "all_reduce"}) == "all_reduce" and analysis.fit_for({"op": "p2p"}) == "send_recv"
     assert analysis.predictions({}, ops[:1], 2, analysis.ONE_WAY)[0]["note"].startswith("the sweep has no send_one_way")
     assert analysis.median_ratio(rows[3:4]) is None
@@ -148,7 +144,7 @@ def test_sweep_graph_and_duplex_verdicts_follow_their_thresholds():
     assert [x.verdict for x in duplex(_sweep(1.2, 1.4), _sweep(1.6))] == ["FALSE", "FALSE", "FALSE"]
 
 
-def test_alpha_capture_and_in_step_verdicts_follow_their_thresholds():
+def test_alpha_and_capture_verdicts_follow_their_thresholds():
     ranks = lambda eager, host, k: [{"eager_us": eager, "host_us": host, "cpu_op_us": [90], "kernel_us": [k, k, k]},
                                     {"eager_us": eager, "host_us": host, "cpu_op_us": [90], "kernel_us": [50, 50, 50]}]
     assert [v.verdict for v in CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": ranks(50, 45, 5)})] == ["TRUE", "TRUE"]
@@ -157,11 +153,6 @@ def test_alpha_capture_and_in_step_verdicts_follow_their_thresholds():
     assert [v.verdict for v in CLAIMS["06_graph_capture"](cap)] == ["TRUE", "TRUE"]
     assert [v.verdict for v in CLAIMS["06_graph_capture"]({**cap, "correct": [True, False], "graph_us": 30.0})] == \
         ["FALSE", "FALSE"]
-    case = lambda h, event, k_early: {"hidden": h, "size_bytes": 4096 * h * 2, "ranks": [
-        {"event_us": [event] * 4, "step_kernel_us": [k_early] * 4, "alone_kernel_us": [30] * 4},
-        {"event_us": [40] * 4, "step_kernel_us": [30] * 4, "alone_kernel_us": [31] * 4}]}
-    v = CLAIMS["06_in_step"]({"tokens": 4096, "cases": [case(512, 250, 200), case(4096, 35, 32)]})
-    assert [x.verdict for x in v] == ["TRUE", "TRUE", "TRUE", "FALSE"]
 
 
 def test_lab_predictions_judge_the_median_ratio():
@@ -170,8 +161,17 @@ def test_lab_predictions_judge_the_median_ratio():
                       "measured_ms": (50 + s / 400e3) * 1e-3, "step_ms": 1.0} for s in (2**22, 2**24, 2**26)]}
     v = CLAIMS[("06_bench_sweep", "04_comm_summary")](sweep, lab04)
     assert [(x.claim.split(" fit")[0], x.verdict) for x in v] == [("the send_recv", "FALSE"), ("the one-way", "TRUE")]
-    lab02 = {"ops": [{**op, "op": "all_reduce", "measured_ms": op["measured_ms"] * 3} for op in lab04["ops"]]}
-    assert [x.verdict for x in CLAIMS[("06_bench_sweep", "02_comm_summary")](sweep, lab02)] == ["FALSE"]
+    lab02 = {"ops": [{**op, "op": "all_reduce", "measured_ms": (50 + op["size_bytes"] / 300e3) * 3e-3}
+                     for op in lab04["ops"]]}
+    fn = CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")]
+    # an older lab 02 recording (no transfer times): the eager fit against the time in the step
+    assert [(x.claim[:26], x.verdict) for x in fn(sweep, sweep, lab02)] == [("the all_reduce fit predict", "FALSE")]
+    # with transfer times: the device-time fit against the transfer (like with like) and the time in the step
+    graph = _sweep(graph_latency=10.0)
+    for op in lab02["ops"]:
+        op.update(kernel_ms=(50 + op["size_bytes"] / 300e3) * 1e-3, wait_ms=0.1)
+    assert [x.verdict for x in fn(sweep, graph, lab02)] == ["TRUE", "FALSE"]
+    assert lab_claims.has_transfer_times(lab02) and not lab_claims.has_transfer_times(lab04)
 
 
 def test_verdicts_work_on_the_committed_recordings():

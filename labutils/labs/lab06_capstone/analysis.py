@@ -5,10 +5,9 @@
   together, so the rank that launched last has the shortest kernel -- the transfer itself -- and
   every other rank's kernel is that plus the time it waited for the last one.
 * ``alpha_split``: where the time of one small eager call goes -- the host's launch vs the device.
-* ``in_step_parts``: an all_reduce timed inside a step the way lab 02 times it (two marks on the
-  stream around the call), split into launch, waiting for the other rank, and the transfer.
 * ``comm_ops`` / ``fit_for`` / ``predictions``: another lab's recorded ops predicted from the
-  benchmark's fits, each with the fit that matches how the op moves data.
+  benchmark's fits, each with the fit that matches how the op moves data, against the time that
+  matches what the fit measures (e.g. lab 02's transfer, next to its in-step time).
 """
 from __future__ import annotations
 
@@ -73,26 +72,6 @@ def alpha_split(ranks: list[dict]) -> dict:
             "device_share": parts["transfer_us"] / eager}
 
 
-def in_step_parts(ranks: list[dict]) -> dict:
-    """An all_reduce inside a step, from each rank's ``{"event_us": [...]`` (two stream marks around the
-    call, one per step), ``"step_kernel_us": [...]`` (its NCCL kernels), ``"alone_kernel_us": [...]``
-    (the same all_reduce back to back, outside any step)``}``.
-
-    Returns:
-        ``lab02_us`` (lab 02's number: the largest of the ranks' median marks), per rank ``event_us``,
-        ``launch_us`` (marks minus kernel: the stream waited for the host to launch the kernel),
-        ``wait_us`` (kernel minus transfer: waiting for the other rank), and ``transfer_us`` (in the
-        step) next to ``alone_transfer_us`` (the same all_reduce alone).
-    """
-    step = kernel_parts([r["step_kernel_us"] for r in ranks])
-    alone = kernel_parts([r["alone_kernel_us"] for r in ranks])
-    events = [_median(r["event_us"][1:] or r["event_us"]) for r in ranks]
-    launch = [_median(e - k for e, k in zip(r["event_us"][1:], r["step_kernel_us"][1:])) for r in ranks]
-    return {"lab02_us": max(events), "event_us": events, "launch_us": launch, "wait_us": step["wait_us"],
-            "transfer_us": step["transfer_us"], "alone_transfer_us": alone["transfer_us"],
-            "steps": step["calls"]}
-
-
 # ----------------------------------------------------------------------------- other labs' ops
 ONE_WAY, BOTH_WAYS = "send_one_way", "send_recv"
 _DIRECTIONS = {"one-way": ONE_WAY, "one_way": ONE_WAY, "oneway": ONE_WAY, "uni": ONE_WAY,
@@ -125,25 +104,31 @@ def fit_for(op: dict, default_p2p: str = BOTH_WAYS) -> str:
     return _DIRECTIONS.get(direction, coll if coll == ONE_WAY else default_p2p)
 
 
-def predictions(fits: dict, ops: list[dict], world_size: int, default_p2p: str = BOTH_WAYS) -> list[dict]:
-    """One row per op: the fit used, predicted and measured time of one call (ms), their ratio.
+def predictions(fits: dict, ops: list[dict], world_size: int, default_p2p: str = BOTH_WAYS,
+                measured: str = "measured_ms") -> list[dict]:
+    """One row per op: the fit used, the predicted time of one call (ms), the op's ``measured`` time and
+    their ratio (``measured`` names the recorded time to compare with: ``measured_ms``, or e.g. lab 02's
+    ``kernel_ms``).
 
-    Ops that ran on another number of ranks, or whose fit the sweep lacks, get ``predicted_ms`` None
-    and a ``note`` saying why.
+    Ops that ran on another number of ranks, whose fit the sweep lacks, or that have no ``measured``
+    time get ``predicted_ms`` (or ``ratio``) None and a ``note`` saying why.
     """
     rows = []
     for op in ops:
         fit = fit_for(op, default_p2p)
         row = {"what": op["what"], "collective": op["collective"], "fit": fit, "size_bytes": op["size_bytes"],
-               "count_per_step": op["count_per_step"], "measured_ms": op["measured_ms"],
-               "predicted_ms": None, "ratio": None, "note": "", **op.get("extra_ms", {})}
+               "count_per_step": op["count_per_step"], "measured_ms": op.get(measured),
+               "predicted_ms": None, "ratio": None, "note": ""}
         if op["world_size"] != world_size:
             row["note"] = f"ran on {op['world_size']} ranks, the sweep on {world_size}"
         elif fit not in fits:
             row["note"] = f"the sweep has no {fit} (recorded before that form existed)"
         else:
             row["predicted_ms"] = fits[fit].predict_ms(op["size_bytes"])
-            row["ratio"] = row["predicted_ms"] / op["measured_ms"]
+            if row["measured_ms"]:
+                row["ratio"] = row["predicted_ms"] / row["measured_ms"]
+            else:
+                row["note"] = f"no {measured} in this recording"
         rows.append(row)
     return rows
 

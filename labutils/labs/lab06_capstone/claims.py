@@ -6,6 +6,8 @@ thresholds are module constants; the notebook says why each is what it is.
 """
 from __future__ import annotations
 
+import statistics
+
 from ... import claims
 from ...bandwidth import format_size
 from ...bench import analysis as bench_analysis, report
@@ -21,7 +23,6 @@ GRAPH_LATENCY_US = 15.0            # issue 18's goal for an 8-byte all_reduce re
 DUPLEX_TOL = 1.25                  # "about the same": both ways within 25% of one way
 TWICE = 1.5                        # "about twice": closer to 2 than to 1
 PREDICT_TOL = 0.25                 # a prediction within 25% of the measurement
-NOT_TRANSFER = 0.5                 # "mostly": more than half of the time
 
 
 def sweep_doc(data: dict) -> dict:
@@ -46,13 +47,13 @@ def sweep_verdicts(data: dict) -> list[claims.Verdict]:
     out = [claims.compare("every collective returns the right data", s["wrong_total"], "<=", 0,
                           figure=f"{s['wrong_total']} wrong elements in {s['checked']} checked results")]
     ratios = s["bench_over_bare"]
-    if ratios:
+    if ratios:  # the median: the benchmark's code is the same for every collective, the noise is not
         worst = max(ratios, key=ratios.get)
+        median = statistics.median(ratios.values())
         out.append(claims.at_most("the benchmark adds (almost) nothing to the torch call it times",
-                                  ratios[worst], BARE_GOAL,
-                                  figure=f"bench / bare loop of the same call at the smallest size: worst "
-                                         f"{ratios[worst]:.2f} ({worst}), median "
-                                         f"{sorted(ratios.values())[len(ratios) // 2]:.2f}"))
+                                  median, BARE_GOAL,
+                                  figure=f"bench / bare loop of the same call at the smallest size: median "
+                                         f"{median:.2f} over {len(ratios)}, largest {ratios[worst]:.2f} ({worst})"))
     if s["peak_fraction_of_link"]:
         p = s["peak"]
         out.append(claims.at_least("the best busbw uses most of the physical link", s["peak_fraction_of_link"],
@@ -135,11 +136,12 @@ def capture_verdicts(data: dict) -> list[claims.Verdict]:
     ]
 
 
-def lab_predictions(sweep: dict, lab: dict, default_p2p: str = analysis.BOTH_WAYS) -> list[dict]:
-    """Rows of ``analysis.predictions`` for a lab's summary from the sweep's fits."""
+def lab_predictions(sweep: dict, lab: dict, default_p2p: str = analysis.BOTH_WAYS,
+                    measured: str = "measured_ms") -> list[dict]:
+    """Rows of ``analysis.predictions`` for a lab's summary, from a sweep's fits (eager or graph)."""
     doc = sweep_doc(sweep)
     return analysis.predictions(bench_analysis.fits(doc), analysis.comm_ops(lab), doc["meta"]["world_size"],
-                                default_p2p)
+                                default_p2p, measured)
 
 
 def _prediction_verdict(claim: str, rows: list[dict]) -> claims.Verdict | None:
@@ -162,27 +164,25 @@ def lab04_verdicts(sweep: dict, lab04: dict) -> list[claims.Verdict]:
     return out
 
 
-def lab02_verdicts(sweep: dict, lab02: dict) -> list[claims.Verdict]:
-    v = _prediction_verdict("the all_reduce fit predicts lab 02's all_reduce as lab 02 times it (in the step)",
-                            lab_predictions(sweep, lab02))
-    return [v] if v is not None else []
+def has_transfer_times(lab02: dict) -> bool:
+    """Whether lab 02's summary records each call's transfer (``kernel_ms``) next to its in-step time."""
+    return any(op.get("kernel_ms") for op in lab02["ops"])
 
 
-def in_step_verdicts(data: dict) -> list[claims.Verdict]:
-    out = []
-    for case in data["cases"]:
-        p = analysis.in_step_parts(case["ranks"])
-        where = f"hidden {case['hidden']} ({format_size(case['size_bytes'])})"
-        out.append(claims.within(f"inside the step the transfer costs what it costs alone, {where}",
-                                 p["transfer_us"], p["alone_transfer_us"], PREDICT_TOL,
-                                 figure=f"transfer {p['transfer_us']:.1f} us in the step, "
-                                        f"{p['alone_transfer_us']:.1f} us alone"))
-        share = 1 - p["transfer_us"] / p["lab02_us"]
-        out.append(claims.at_least(f"most of lab 02's in-step time is not the transfer, {where}", share,
-                                   NOT_TRANSFER,
-                                   figure=f"lab 02's way {p['lab02_us']:.1f} us, transfer {p['transfer_us']:.1f} us: "
-                                          f"{share:.0%} launch and waiting"))
-    return out
+def lab02_verdicts(sweep: dict, graph: dict, lab02: dict) -> list[claims.Verdict]:
+    """With transfer times (lab 02's profiler: the shortest kernel of a call): the device-time fit (CUDA graph,
+    no host launch) against the transfer -- like with like -- and against the time in the step (transfer +
+    waiting). Without them (an older recording): the eager fit against the in-step time."""
+    device = "all_reduce" in bench_analysis.fits(sweep_doc(graph))
+    if has_transfer_times(lab02) and device:
+        out = [_prediction_verdict("the device-time fit (CUDA graph) predicts lab 02's transfer (shortest kernel)",
+                                   lab_predictions(graph, lab02, measured="kernel_ms")),
+               _prediction_verdict("the device-time fit predicts lab 02's all_reduce in the step (transfer + waiting)",
+                                   lab_predictions(graph, lab02))]
+    else:
+        out = [_prediction_verdict("the all_reduce fit predicts lab 02's all_reduce as lab 02 times it (in the step)",
+                                   lab_predictions(sweep, lab02))]
+    return [v for v in out if v is not None]
 
 
 CLAIMS = {
@@ -192,6 +192,5 @@ CLAIMS = {
     "06_alpha_split": alpha_verdicts,
     "06_graph_capture": capture_verdicts,
     ("06_bench_sweep", "04_comm_summary"): lab04_verdicts,
-    ("06_bench_sweep", "02_comm_summary"): lab02_verdicts,
-    "06_in_step": in_step_verdicts,
+    ("06_bench_sweep", "06_bench_graph", "02_comm_summary"): lab02_verdicts,
 }
