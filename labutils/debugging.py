@@ -201,6 +201,27 @@ class Connection:
     transport: str
 
 
+@dataclasses.dataclass(frozen=True)
+class TopoLink:
+    """One edge of NCCL's topology graph, ``+ NVL[370.8] - NVS/0-0`` under ``GPU/0-60``: from ``src``
+    to ``dst`` over a ``kind`` link (NVL, PCI, NET, ...) that NCCL rates at ``gbps`` (its estimate)."""
+    src: str
+    kind: str
+    gbps: float
+    dst: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TopoPath:
+    """NCCL's best path from ``src`` to ``dst`` (``GPU/0-70 (2/370.8/NVL)``): ``hops`` links, the
+    bandwidth NCCL rates it at, and its type (LOC = itself, NVL, NVB, PIX, PXB, PHB, SYS, NET)."""
+    src: str
+    dst: str
+    hops: int
+    gbps: float
+    type: str
+
+
 @dataclasses.dataclass
 class NcclLog:
     """What NCCL reported while setting up a communicator (``parse_nccl_log``)."""
@@ -214,6 +235,9 @@ class NcclLog:
     network: str = ""
     devices: dict[int, str] = dataclasses.field(default_factory=dict)
     collectives: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)
+    topology: list[TopoLink] = dataclasses.field(default_factory=list)
+    paths: list[TopoPath] = dataclasses.field(default_factory=list)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def transports(self) -> dict[str, int]:
@@ -236,7 +260,35 @@ _PATTERNS = {
     "bootstrap": re.compile(r"Bootstrap\s*: Using (\S+)"),
     "network": re.compile(r"Using network (\S+)"),
     "coll": re.compile(r"^(\w+): opCount (\w+) .*?count (\d+)"),
+    "node": re.compile(r"^([A-Z]+/[\w-]+) \(\d+/\d+/-?\d+\)$"),
+    "paths": re.compile(r"^([A-Z]+/[\w-]+) :(.*\(\d+/[\d.]+/\w+\).*)$"),
+    "env": re.compile(r"^(\w+) set by environment to (.*?)\.?$"),
 }
+_PATH = re.compile(r"([A-Z]+/[\w-]+) \((\d+)/([\d.]+)/(\w+)\)")
+
+
+def _topology_line(log: NcclLog, stack: list, raw: str) -> bool:
+    """A line of NCCL's topology tree (after ``=== System``): a root node (``CPU/0-... (1/1/4)``) or
+    an indented ``+ KIND[bw] - NODE``, whose parent is the nearest line above it with less indent."""
+    body = raw.rstrip()
+    if p := _PATTERNS["node"].match(body.strip()):
+        if body.startswith(" "):
+            return False
+        stack[:] = [(-1, p.group(1))]
+        return True
+    p = _PATTERNS["link"].search(body)
+    if not p or not stack:
+        return False
+    indent = len(body) - len(body.lstrip())
+    while len(stack) > 1 and stack[-1][0] >= indent:
+        stack.pop()
+    link = TopoLink(stack[-1][1], p.group(1), float(p.group(2)), p.group(3))
+    if link not in log.topology:  # every rank prints the same graph
+        log.topology.append(link)
+    if (link.kind, link.gbps, link.dst) not in log.links:
+        log.links.append((link.kind, link.gbps, link.dst))
+    stack.append((indent, p.group(3)))
+    return True
 
 
 def parse_nccl_log(text: str) -> NcclLog:
@@ -244,11 +296,15 @@ def parse_nccl_log(text: str) -> NcclLog:
 
     Rings are printed by rank 0 only (``Channel 00/24 :    0   1``: channel 0 of 24, ring order);
     each rank prints its own connections (``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read``).
-    With ``NCCL_DEBUG_SUBSYS`` including ``GRAPH``, the topology lines (``+ NVL[480.0] - GPU/1``)
-    give the links NCCL found and its bandwidth estimate (GB/s); with ``COLL``, each collective
-    call appears (``AllReduce: opCount 0 ... count 262144``).
+    With ``NCCL_DEBUG_SUBSYS`` including ``GRAPH``, the topology tree (``CPU/0-0 (1/1/4)`` then
+    indented ``+ NVL[370.8] - NVS/0-0`` lines: the links NCCL found and the bandwidth it assigns them,
+    in GB/s) becomes ``topology`` (``TopoLink``s, each with the node it hangs from) and ``links``, and
+    the path lines (``GPU/0-60 :GPU/0-70 (2/370.8/NVL) ...``) become ``paths``; with ``COLL``, each
+    collective call appears (``AllReduce: opCount 0 ... count 262144``). ``env`` holds the settings
+    NCCL says it took from the environment (``NCCL_NVLS_ENABLE set by environment to 0.``).
     """
     log = NcclLog()
+    stacks: dict[int, list] = collections.defaultdict(list)  # the topology tree being read, per rank
     for line in text.splitlines():
         m = _PREFIX.match(line)
         rank = int(m.group(1)) if m else None
@@ -257,6 +313,17 @@ def parse_nccl_log(text: str) -> NcclLog:
             continue
         rank = rank if rank is not None else int(m.group(1) or 0)
         body = m.group(2).strip()
+        if _topology_line(log, stacks[rank], m.group(2)):
+            continue
+        if p := _PATTERNS["paths"].match(body):
+            for dst, hops, gbps, kind in _PATH.findall(p.group(2)):
+                path = TopoPath(p.group(1), dst, int(hops), float(gbps), kind)
+                if path not in log.paths:
+                    log.paths.append(path)
+            continue
+        if p := _PATTERNS["env"].match(body):
+            log.env[p.group(1)] = p.group(2)
+            continue
         if (p := _PATTERNS["version"].search(body)) and not log.version:
             log.version = p.group(1)
         elif p := _PATTERNS["ring"].match(body):
@@ -284,6 +351,8 @@ def parse_nccl_log(text: str) -> NcclLog:
     return log
 
 
+NCCL_LOC_GBPS = 5000.0  # NCCL's LOC_BW (src/graph/topo.h): the figure it gives a node's local attachment
+
 TRANSPORTS = {
     "P2P": "GPU to GPU directly (NVLink when the GPUs are NVLink-connected, else PCIe)",
     "SHM": "through host shared memory: the GPUs cannot reach each other directly",
@@ -294,7 +363,7 @@ TRANSPORTS = {
 DETAILS = {
     "CUMEM": "buffers shared through CUDA's virtual-memory API (cuMem*)",
     "IPC": "buffers shared through cudaIpc handles", "direct pointer": "same process, plain pointer",
-    "read": "the receiver reads from the sender's buffer (NCCL's choice over NVLink)",
+    "read": "the receiver reads from the sender's buffer",
     "GDRDMA": "the NIC reads GPU memory directly (GPUDirect RDMA)",
 }
 
@@ -323,7 +392,10 @@ def summarize_nccl(log: NcclLog) -> str:
         lines.append(f"{n} channel connections via {explain_transport(transport)}")
     links = sorted({(k, bw) for k, bw, _ in log.links})
     if links:
-        lines.append("topology links NCCL found: " + ", ".join(f"{k} {bw:g} GB/s" for k, bw in links))
+        lines.append("links in NCCL's topology graph, rated by NCCL's own constants (GB/s; estimates, not "
+                     "measurements): " + ", ".join(f"{k} {bw:g}" + (" (its placeholder for a local attachment)"
+                                                                     if bw == NCCL_LOC_GBPS else "")
+                                                   for k, bw in links))
     if log.collectives:
         per_rank = collections.Counter(r for r, _, _ in log.collectives)
         lines.append("collective calls logged: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(per_rank.items())))

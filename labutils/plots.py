@@ -156,10 +156,11 @@ def bar_plot(labels: Sequence[str], values: Sequence[float], *, ylabel: str, tit
 
 def timeline_plot(spans: Sequence[Mapping], *, title: str = "", xlabel: str = "time (ms)") -> Figure:
     """Gantt chart: one lane per ``span["lane"]`` (e.g. "GPU 0 compute"), bars from ``start_ms`` to
-    ``end_ms``, coloured by ``span.get("kind", lane)`` and labelled with ``span.get("label")``."""
+    ``end_ms``, coloured by ``span.get("kind", lane)`` and labelled with ``span.get("label")``; the
+    legend of the kinds sits below the chart, outside the bars."""
     lanes = list(dict.fromkeys(s["lane"] for s in spans))
     kinds = list(dict.fromkeys(s.get("kind", s["lane"]) for s in spans))
-    fig = Figure(figsize=(8.5, 0.6 * len(lanes) + 1.6), layout="constrained")
+    fig = Figure(figsize=(8.5, 0.6 * len(lanes) + 1.9), layout="constrained")
     ax = fig.add_subplot()
     cmap = [f"C{i}" for i in range(10)]
     seen = set()
@@ -177,8 +178,9 @@ def timeline_plot(spans: Sequence[Mapping], *, title: str = "", xlabel: str = "t
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
-    if len(kinds) > 1:
-        ax.legend(fontsize=8, loc="upper right")
+    if len(kinds) > 1:  # below the chart, where it covers no bar
+        handles, labels = ax.get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=min(len(kinds), 6))
     return fig
 
 
