@@ -1,8 +1,10 @@
-"""Lab 04: the bubble math and schedules (pure), and the pipelined model against the one-device model
-on real gloo ranks (our GPipe loop at 2 and 3 stages, torch.distributed.pipelining's GPipe and 1F1B),
-plus the measurement plumbing on CPU ranks (structure only: no timing asserts).
+"""Lab 04: the bubble math, schedules and their analysis (pure), the verdicts' thresholds, and the
+pipelined model against the one-device model on real gloo ranks -- the notebook's own GPipe loop
+(``tests/notebook_defs.py`` loads it from ``notebooks/src/04_pipeline.py``) at 2 and 3 stages,
+torch.distributed.pipelining's GPipe and 1F1B, the 1F1B reference and its checker -- plus the
+measurement plumbing on CPU ranks (structure only: no timing asserts).
 
-Run: pytest tests/test_pipeline.py -q     (CPU only; ~1 min, mostly rank start-up)
+Run: pytest tests/test_pipeline.py -q     (CPU only; a few minutes on 2 cores, mostly rank start-up)
 """
 from __future__ import annotations
 
@@ -15,10 +17,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import labutils
-from labutils import RankError, timing
-from labutils.labs.lab04_pipeline import measure, model, pipelining, schedule, verify
+from labutils import claims, timing
+from labutils.labs.lab04_pipeline import analysis, gpu_clock, measure, model, naive, pipelining, schedule, verify
+from labutils.labs.lab04_pipeline import claims as lab_claims
 from labutils.checks import ExerciseError
 from labutils.checks import lab04 as check
+from labutils.solutions import lab04 as solution
+
+from notebook_defs import load_definitions  # tests/notebook_defs.py (pytest puts tests/ on sys.path)
+
+nb = load_definitions("04_pipeline")  # the notebook's own naive_send_recv and gpipe_step
 
 TINY = {"n_layers": 4, "hidden": 16, "rows": 32, "dtype": "float32", "ms": [1, 2, 4], "schedule_m": 4,
         "warmup": 1, "repeat": 2}
@@ -101,6 +109,21 @@ def test_communication_delays_the_fill_and_the_drain():
     assert slow == pytest.approx(free + 2 * (p - 1) * t_c)
 
 
+def test_simulate_with_per_stage_times_and_directional_transfers():
+    # p = 2, m = 1: F0 on stage 0, transfer, F0 on stage 1, B0 on stage 1, transfer back, B0 on stage 0
+    spans, makespan = schedule.simulate(schedule.schedule_order("gpipe", 2, 1), t_f=[1.0, 2.0], t_b=[3.0, 4.0],
+                                        t_comm=(0.5, 0.25))
+    assert makespan == pytest.approx(1.0 + 0.5 + 2.0 + 4.0 + 0.25 + 3.0)
+    by_label = {(s["lane"], s["label"]): (s["start_ms"], s["end_ms"]) for s in spans}
+    assert by_label[("stage 1", "F0")] == pytest.approx((1.5, 3.5))
+    assert by_label[("stage 0", "B0")] == pytest.approx((7.75, 10.75))
+    # the slower stage sets the pace: with m micro-batches the step is at least m x its forward + backward
+    _, slow = schedule.simulate(schedule.schedule_order("gpipe", 2, 8), t_f=[1.0, 2.0], t_b=[2.0, 4.0])
+    assert slow >= 8 * 6.0
+    with pytest.raises(ValueError, match="one per stage"):
+        schedule.simulate(schedule.schedule_order("gpipe", 2, 2), t_f=[1.0, 2.0, 3.0])
+
+
 def test_simulate_detects_a_deadlock():
     bad = [[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]]  # stage 0 waits for a backward that needs its forward
     with pytest.raises(ValueError, match="deadlocks"):
@@ -146,7 +169,7 @@ def test_naive_step_in_one_process_equals_one_device():
     stages = [nn.Sequential(*blocks[a:b]) for a, b in schedule.partition(4, 2)]
     timer = timing.SpanTimer()
     timer.begin([torch.device("cpu")])
-    loss = measure.naive_step(stages, [torch.device("cpu")] * 2, x, y, F.mse_loss, timer)
+    loss = naive.naive_step(stages, [torch.device("cpu")] * 2, x, y, F.mse_loss, timer)
     torch.testing.assert_close(loss, F.mse_loss(ref(x), y).detach())
     torch.testing.assert_close([q.grad for s in stages for q in s.parameters()], [q.grad for q in ref.parameters()])
     assert [s["label"] for s in timer.spans()] == ["F0", "F1", "B1", "B0"]
@@ -159,10 +182,31 @@ def test_blocks_are_deterministic_per_layer():
 
 
 def test_measure_one_process_on_cpu_structure():
-    d = measure.measure_one_process(TINY, devices=("cpu", "cpu"))
+    d = naive.measure_one_process(TINY, devices=("cpu", "cpu"))
     json.dumps(d)
     assert d["one_gpu_ms"] > 0 and d["naive_ms"] > 0 and len(d["naive_samples_ms"]) == TINY["repeat"]
+    assert len(d["one_gpu_samples_ms"]) == len(d["one_gpu_rested_samples_ms"]) == TINY["repeat"]
+    assert d["rest_ms"] == pytest.approx(d["one_gpu_ms"])  # rests as long as a step lasts
+    assert d["gpu_clock"] == {"back to back": None, "rested": None}  # no NVML on the CPU
     assert [s["label"] for s in d["spans"]] == ["F0", "F1", "B1", "B0"]
+    assert len(lab_claims.naive_verdicts(d)) == 2  # the speedup and the rested comparison; no clocks
+
+
+def test_gpu_clock_without_a_gpu():
+    assert gpu_clock.read("cpu") is None
+    assert gpu_clock.while_running(12.5, "cpu") == []  # a host time: nothing to poll
+    assert gpu_clock.median([]) is None
+    assert gpu_clock.median([{"clock_mhz": 1500.0, "power_w": 300.0}, {"clock_mhz": 1700.0, "power_w": 500.0},
+                             {"clock_mhz": 1600.0, "power_w": 100.0}]) == {"clock_mhz": 1600.0, "power_w": 300.0}
+
+
+def test_order_recorder_notes_forwards_and_backwards():
+    stage = nn.Linear(3, 3)
+    order = verify.order_recorder(stage)
+    outs = [stage(torch.ones(2, 3)) for _ in range(3)]
+    outs[1].sum().backward()
+    outs[0].sum().backward()
+    assert order == [("F", 0), ("F", 1), ("F", 2), ("B", 1), ("B", 0)]
 
 
 def test_make_schedule_rejects_unknown_schedule():
@@ -179,59 +223,152 @@ def test_summarize_check_raises_on_mismatch(capsys):
         verify.report([ok, bad], "x")
 
 
+# ---------------------------------------------------------------- analysis and verdicts (pure)
+
+def _bench(spans_by_m, ms=(1, 4), p=2, p2p_ms=0.0, samples=None):
+    """A synthetic "04_pipeline_bench" recording around spans made by the simulator."""
+    measured = [schedule.bubble_from_spans(spans_by_m[m])["mean"] for m in ms]
+    return {"world_size": p, "config": {"ms": list(ms), "schedule_m": 4, "rows": 8, "hidden": 4},
+            "spans": {str(m): spans_by_m[m] for m in ms}, "bubble_measured": measured,
+            "bubble_predicted": [schedule.bubble_fraction(p, m) for m in ms],
+            "bubble_samples": samples, "p2p": {"fwd_ms": [p2p_ms] * len(ms), "bwd_ms": [p2p_ms] * len(ms)},
+            "memory_bytes": {}, "element_size": 2}
+
+
+def test_bubble_breakdown_explains_a_simulated_step():
+    p, t_f, t_b, c = 2, [1.0, 1.5], [2.0, 3.0], 0.2
+    spans = {m: schedule.simulate(schedule.schedule_order("gpipe", p, m), t_f, t_b, c)[0] for m in (1, 4)}
+    rows = analysis.bubble_breakdown(_bench(spans, p2p_ms=c))
+    for r in rows:
+        assert r["with_sends"] == pytest.approx(r["measured"]) and abs(r["unexplained"]) < 1e-9
+        assert r["stage_times"] <= r["with_sends"] and r["ideal"] == schedule.bubble_fraction(p, r["m"])
+        assert r["host_wait"] is None and r["tolerance"] == 0.02  # simulated spans carry no host times
+    assert analysis.stage_times(spans[4], p) == {"t_f": t_f, "t_b": t_b}
+    with pytest.raises(ValueError, match="no forward spans for stage 2"):
+        analysis.stage_times(spans[4], 3)
+
+
+def test_host_wait_counts_idle_time_before_ops_the_host_issued_late():
+    spans = [  # stage 0: idle 2 ms before F1, which the host issued at 5.0 (GPU start 5.02): host-bound
+        {"lane": "stage 0", "start_ms": 0.0, "end_ms": 3.0, "host_start_ms": 0.0},
+        {"lane": "stage 0", "start_ms": 5.02, "end_ms": 10.0, "host_start_ms": 5.0},
+        # stage 1: idle 4 ms before its op, issued long before the GPU got there: waiting for data
+        {"lane": "stage 1", "start_ms": 4.0, "end_ms": 10.0, "host_start_ms": 0.5}]
+    assert analysis.host_wait_share(spans) == pytest.approx((2.02 / 10 + 0.0) / 2)
+    assert analysis.host_wait_share([{k: v for k, v in s.items() if k != "host_start_ms"} for s in spans]) is None
+
+
+def test_bubble_tolerance_is_two_points_or_the_samples_range():
+    assert analysis.bubble_tolerance(None) == 0.02
+    assert analysis.bubble_tolerance([0.10, 0.11]) == 0.02
+    assert analysis.bubble_tolerance([0.10, 0.20, 0.30]) == pytest.approx(0.16)  # p90 - p10
+
+
+def test_memory_prediction_from_its_parts():
+    data = {"world_size": 2, "element_size": 2, "config": {"schedule_m": 4, "rows": 8, "hidden": 4},
+            "memory_bytes": {"one micro-batch kept": [100, 110], "one micro-batch backward": [50, 60],
+                             "ours m=4": [460, 560], "torch gpipe m=4": [450, 560], "torch 1f1b m=4": [250, 234]}}
+    pred = analysis.memory_prediction(data)
+    outputs = 8 * 4 * 2  # the last stage keeps the whole batch's output
+    assert pred["ours gpipe"] == [4 * 100 + 50, 4 * 110 + 60 + outputs]
+    assert pred["torch 1f1b"] == [2 * 100 + 50, 1 * 110 + 60 + outputs]  # 1F1B holds p - s
+    assert analysis.measured_memory(data)["torch 1f1b"] == [250, 234]
+    assert analysis.memory_prediction({**data, "memory_bytes": {"one micro-batch kept": [None, None]}}) is None
+
+
+def test_naive_verdicts_follow_their_thresholds():
+    nd = {"one_gpu_ms": 84.0, "one_gpu_samples_ms": [84.0, 84.1, 83.9], "naive_ms": 77.0,
+          "naive_samples_ms": [77.0, 77.1, 76.9], "one_gpu_rested_ms": 78.0,
+          "one_gpu_rested_samples_ms": [78.0, 78.1, 77.9], "rest_ms": 84.0,
+          "gpu_clock": {"back to back": {"clock_mhz": 1500.0, "power_w": 400.0},
+                        "rested": {"clock_mhz": 1800.0, "power_w": 600.0}}}
+    v = lab_claims.naive_verdicts(nd)
+    assert [x.verdict for x in v] == ["TRUE", "TRUE", "TRUE"]
+    assert v[0].rule == "TRUE if > 1.02"  # tight samples: the 2% floor
+    noisy = {**nd, "one_gpu_samples_ms": [84.0, 70.0, 100.0]}  # a 30% spread: 1.09x is noise
+    assert lab_claims.naive_verdicts(noisy)[0].verdict == "FALSE"
+    far = {**nd, "one_gpu_rested_ms": 84.0, "gpu_clock": {"back to back": {"clock_mhz": 1500.0, "power_w": 1.0},
+                                                          "rested": {"clock_mhz": 1510.0, "power_w": 1.0}}}
+    assert [x.verdict for x in lab_claims.naive_verdicts(far)[1:]] == ["FALSE", "FALSE"]
+
+
+def test_bubble_verdict_words():
+    rows = [{"m": m, "measured": meas, "ideal": ideal, "tolerance": 0.02}
+            for m, meas, ideal in ((1, 0.50, 0.50), (4, 0.21, 0.20), (16, 0.10, 0.06))]
+    assert lab_claims._bubble_verdict("c", rows, "ideal").verdict == "UP TO m=4"
+    assert lab_claims._bubble_verdict("c", rows[:2], "ideal").verdict == "TRUE"
+    assert lab_claims._bubble_verdict("c", rows[2:], "ideal").verdict == "FALSE"
+
+
+def test_verdicts_work_on_the_recordings():
+    """Old recordings lack the newer fields: the verdicts that need them are left out, the others hold."""
+    from labutils import recorded
+    for name, fn in lab_claims.CLAIMS.items():
+        verdicts = fn(recorded.load(name).data)
+        assert verdicts and all(isinstance(x, claims.Verdict) for x in verdicts)
+
+
 # ---------------------------------------------------------------- gloo ranks
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_gpipe_step_equals_one_device(world_size, no_leaks, capsys):
-    res = labutils.launch(verify.against_one_device, schedule.gpipe_step, (1, 2, 4), world_size=world_size, backend="gloo")
+@pytest.fixture(scope="module")
+def pool3():
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
+        yield p
+
+
+def test_notebook_loops_equal_one_device_on_3_ranks(pool3, capsys):
+    res = pool3.run(verify.against_one_device, nb.gpipe_step, (1, 2, 4))
     verify.report(res, "gpipe_step")  # raises on any mismatch (torch.testing.assert_close in the ranks)
     assert all(res[-1][m]["output"] == "ok" for m in (1, 2, 4))
     assert all(r[m]["grads"] == "ok" for r in res for m in (1, 2, 4))
     assert sum(r[1]["n_grads"] for r in res) == verify.SMALL["n_layers"] * 6
+    verify.report(pool3.run(verify.against_one_device, nb.naive_send_recv, (1,)), "naive_send_recv")
+    res = pool3.run(verify.against_one_device, solution.one_f_one_b_step, (2, 6), kwargs={"record_order": True})
+    verify.report(res, "one_f_one_b_step")
+    assert [schedule.peak_in_flight([r[6]["order"]])[0] for r in res] == [3, 2, 1]
+    assert [op for op in res[1][6]["order"]] == schedule.schedule_order("1f1b", 3, 6)[1]
 
 
-def test_check_rank_detects_wrong_gradients(no_leaks):
+def test_check_rank_detects_wrong_gradients(pool3):
     def double_loss(stage, x, target, loss_fn, m, act_shape):  # a classic bug: forgot a factor
-        return schedule.gpipe_step(stage, x, target, lambda o, t: 2 * loss_fn(o, t), m, act_shape)
-    res = labutils.launch(verify.against_one_device, double_loss, (2,), world_size=2, backend="gloo")
-    assert res[1][2]["output"] == "ok"
+        return nb.gpipe_step(stage, x, target, lambda o, t: 2 * loss_fn(o, t), m, act_shape)
+    res = pool3.run(verify.against_one_device, double_loss, (2,))
+    assert res[2][2]["output"] == "ok"
     assert all(r[2]["grads"].startswith(f"stage {i} gradients") for i, r in enumerate(res))
     with pytest.raises(AssertionError):
         verify.report(res, "double loss")
 
 
-def test_torch_pipelining_schedules_equal_one_device(no_leaks, capsys):
+def test_torch_pipelining_schedules_equal_one_device(pool3, capsys):
     def both(rank, world_size):
-        return {s: verify.against_one_device(rank, world_size, functools.partial(pipelining.torch_schedule_step, schedule=s), (2, 4))
+        return {s: verify.against_one_device(rank, world_size, functools.partial(pipelining.torch_schedule_step, schedule=s), (3, 6))
                 for s in pipelining.available_schedules()}
-    res = labutils.launch(both, world_size=2, backend="gloo")
+    res = pool3.run(both)
     assert set(res[0]) == {"gpipe", "1f1b"}
     for s in res[0]:
         verify.report([r[s] for r in res], s)
 
 
-def test_gpipe_step_rejects_indivisible_batch(no_leaks):
-    def run(rank, world_size):
-        stage = nn.Sequential(*model.make_blocks(2, 4))
-        x, y = model.make_batch(10, 4)
-        schedule.gpipe_step(stage, x, y, F.mse_loss, 4, (2, 4))
-    with pytest.raises(RankError, match="not divisible into 4 equal micro-batches"):
-        labutils.launch(run, world_size=1, backend="gloo")
-
-
 def test_measure_rank_merge_and_comm_summary(no_leaks):
-    res = labutils.launch(measure.measure_rank, TINY, world_size=2, backend="gloo")
+    res = labutils.launch(measure.measure_rank, nb.gpipe_step, TINY, world_size=2, backend="gloo")
     d = measure.merge(res, TINY)
     json.dumps(d)
     n = len(TINY["ms"])
     assert d["world_size"] == 2 and len(d["step_ms"]) == n == len(d["bubble_measured"])
     assert d["bubble_predicted"] == [schedule.bubble_fraction(2, m) for m in TINY["ms"]]
     assert all(0 <= b < 1 for b in d["bubble_measured"])
+    assert [len(b) for b in d["bubble_samples"]] == [TINY["repeat"]] * n
     assert all(len(r) == 2 for r in d["bubble_per_rank"])
+    assert all(len(st["t_f"]) == len(st["t_b"]) == 2 for st in d["stage_ms"])
     assert len(d["spans"]["4"]) == 2 * 2 * 4  # 2 ranks x (F + B) x m
+    assert all("host_start_ms" in s for s in d["spans"]["4"])
     assert set(d["schedules_ms"]) == {"gpipe", "1f1b"}
     assert d["memory_bytes"]["ours m=4"] == [None, None]  # CPU: no memory statistics
+    assert d["memory_bytes"]["one micro-batch backward"] == [None, None]
     assert d["p2p"]["size_bytes"] == [TINY["rows"] // m * TINY["hidden"] * 4 for m in TINY["ms"]]
+    rows = analysis.bubble_breakdown(d)
+    assert [r["m"] for r in rows] == TINY["ms"] and all(r["host_wait"] is not None for r in rows)
+    assert lab_claims.pipeline_verdicts(d)  # every threshold evaluates on a fresh measurement
     ops = measure.comm_summary(d)["ops"]
     assert len(ops) == 2 * n
     assert {k for op in ops for k in op} == {"what", "op", "size_bytes", "world_size", "count_per_step",
@@ -270,23 +407,25 @@ def test_prediction_checker(capsys):
         check.prediction_bubble("a tenth", 2, 8)
 
 
-def test_gpipe_loop_checker(no_leaks, capsys):
+def test_1f1b_checker(pool3, capsys):
     def stub(stage, x, target, loss_fn, n_microbatches, act_shape):
         raise NotImplementedError
-    check.gpipe_loop(stub, world_size=2, ms=(2,))
+    check.one_f_one_b(stub, pool=pool3)
     out = capsys.readouterr().out
-    assert "not attempted" in out and "✓" in out
+    assert "not attempted" in out and "✓" in out and "at most (3, 2, 1) micro-batches" in out
+    with pytest.raises(ExerciseError, match=r"stage 2 held 2 micro-batches.*min\(m, p - s\) = 1"):
+        check.one_f_one_b(nb.gpipe_step, pool=pool3)  # GPipe: right numbers, all m held
 
     def forgets_the_output(stage, x, target, loss_fn, n_microbatches, act_shape):
-        schedule.gpipe_step(stage, x, target, loss_fn, n_microbatches, act_shape)
+        solution.one_f_one_b_step(stage, x, target, loss_fn, n_microbatches, act_shape)
     with pytest.raises(ExerciseError, match="torch.cat"):
-        check.gpipe_loop(forgets_the_output, world_size=2, ms=(2,))
+        check.one_f_one_b(forgets_the_output, pool=pool3)
 
 
-def test_gpipe_loop_checker_explains_a_hang(no_leaks):
+def test_1f1b_checker_explains_a_hang(pool3):
     def never_sends(stage, x, target, loss_fn, n_microbatches, act_shape):
         import torch.distributed as dist
         if dist.get_rank() == 1:  # waits for an activation that rank 0 never sends
             dist.recv(torch.empty(act_shape, dtype=torch.float64), src=0)
-    with pytest.raises(ExerciseError, match="did not finish within 8 s"):
-        check.gpipe_loop(never_sends, world_size=2, ms=(1,), timeout=8)
+    with pytest.raises(ExerciseError, match="did not finish within 5 s"):
+        check.one_f_one_b(never_sends, pool=pool3, timeout=5)

@@ -1,4 +1,5 @@
-"""Checkers for lab 04 (model parallelism and pipelining)."""
+"""Checkers for lab 04 (model parallelism and pipelining): the bubble formula, a predicted bubble,
+and the 1F1B loop (on gloo ranks against the one-device model)."""
 from __future__ import annotations
 
 from ..errors import RankTimeout
@@ -65,22 +66,46 @@ def prediction_bubble(answer, p: int, m: int) -> None:
                 hint="the step has m + p - 1 slots; each stage is idle in p - 1 of them")
 
 
-def gpipe_loop(fn, world_size: int = 3, ms=(1, 4), timeout: float = 120.0) -> None:
-    """Run ``fn`` (the ``schedule.gpipe_step`` contract) on ``world_size`` gloo ranks (CPU tensors,
-    whatever the machine, so the check reads the same everywhere) and compare the output and every
-    stage's gradients with the one-device model (``torch.testing.assert_close``, float64)."""
+def _order_problem(order, rank: int, p: int, m: int) -> str | None:
+    """What is wrong with one stage's order of forwards and backwards for 1F1B, or None."""
+    fwd = [i for kind, i in order if kind == "F"]
+    if sorted(fwd) != list(range(m)) or sorted(i for kind, i in order if kind == "B") != list(range(m)):
+        return (f"stage {rank} ran forwards {fwd} and backwards "
+                f"{[i for kind, i in order if kind == 'B']}: each of the {m} micro-batches needs exactly one of each")
+    held = peak = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    if peak > min(m, p - rank):
+        return (f"stage {rank} held {peak} micro-batches' activations at once; 1F1B holds at most "
+                f"min(m, p - s) = {min(m, p - rank)}")
+    return None
+
+
+def one_f_one_b(fn, world_size: int = 3, ms=(2, 6), timeout: float = 120.0, pool=None) -> None:
+    """Run ``fn`` (the contract of the notebook's ``gpipe_step``) on ``world_size`` gloo ranks (CPU
+    tensors, whatever the machine, so the check reads the same everywhere; or on ``pool``'s ranks):
+    the output and every stage's gradients must equal the one-device model's
+    (``torch.testing.assert_close``, float64), and stage s may hold at most min(m, p - s)
+    micro-batches at once (the order of its forwards and backwards is recorded with hooks on the
+    stage)."""
     from ..launch import launch
     from ..labs.lab04_pipeline.verify import against_one_device
+    kwargs = {"fallback": solution.one_f_one_b_step, "record_order": True}
+    world_size = pool.world_size if pool is not None else world_size
     try:
-        results = launch(against_one_device, fn, tuple(ms), world_size=world_size, backend="gloo",
-                         timeout=timeout, kwargs={"fallback": solution.gpipe_step})
+        if pool is not None:
+            results = pool.run(against_one_device, fn, tuple(ms), timeout=timeout, kwargs=kwargs)
+        else:
+            results = launch(against_one_device, fn, tuple(ms), world_size=world_size, backend="gloo",
+                             timeout=timeout, output="quiet", kwargs=kwargs)
     except RankTimeout:
         fail(f"your step did not finish within {timeout:g} s on {world_size} ranks",
-             "a recv waits until the peer sends a tensor of the same size: in forward, rank r sends to "
-             "r + 1 and receives from r - 1; in backward the other way; run every forward before the "
-             "first backward")
+             "send with dist.isend (keep the tensor and the work, wait at the end): a blocking send waits "
+             "for its receiver, and in 1F1B the receiver may be waiting for you; every recv needs the "
+             "neighbour's matching send in the same order")
     if any(r["not_attempted"] for r in results):
-        say_not_attempted(solution.gpipe_step)
+        say_not_attempted(solution.one_f_one_b_step)
     for m in ms:
         for rank, res in enumerate(results):
             if res[m]["output"] not in ("ok", None):
@@ -88,8 +113,14 @@ def gpipe_loop(fn, world_size: int = 3, ms=(1, 4), timeout: float = 120.0) -> No
                      "return torch.cat of the micro-batch outputs, in order, detached, on the last rank")
             if res[m]["grads"] != "ok":
                 fail(f"m = {m}, rank {rank}: {res[m]['grads']}",
-                     "divide each micro-batch's loss by m (the loss is a mean over the whole batch); "
-                     "call requires_grad_() on a received activation so that its .grad can be sent back; "
-                     "backward every micro-batch exactly once")
-    passed(f"your GPipe step matches the one-device model on {world_size} ranks, m = "
-           f"{' and '.join(map(str, ms))}: output and every stage's gradients")
+                     "divide each micro-batch's loss by m; call requires_grad_() on a received activation "
+                     "so that its .grad can be sent back; backward every micro-batch exactly once")
+            problem = _order_problem(res[m]["order"], rank, world_size, m)
+            if problem:
+                fail(f"m = {m}: {problem}",
+                     "run min(m, p - rank) forwards first, then alternate backward(i) and forward(i + warm-up), "
+                     "then the backwards left; that is what frees memory early (GPipe runs all m forwards)")
+    caps = ", ".join(str(min(max(ms), world_size - r)) for r in range(world_size))
+    passed(f"your 1F1B step matches the one-device model on {world_size} ranks, m = "
+           f"{' and '.join(map(str, ms))}: output, every stage's gradients, and at most ({caps}) "
+           f"micro-batches held per stage at m = {max(ms)}")

@@ -1,22 +1,18 @@
 """Pipeline schedules (lab 04): stage splitting, the bubble math, schedule orders and their
-simulation, and the GPipe micro-batch loop.
+simulation. (The GPipe micro-batch loop itself is in the notebook: the learner reads and runs it.)
 
     from labutils.labs.lab04_pipeline import schedule
     schedule.bubble_fraction(p=2, m=8)                 # 1/9: idle share of a GPipe step
     schedule.partition(n_layers=8, p=3)                # [(0, 3), (3, 6), (6, 8)]
     order = schedule.schedule_order("1f1b", p=4, m=8)  # per stage: [("F", 0), ..., ("B", 7)]
     spans, makespan = schedule.simulate(order, t_f=1, t_b=2)
-    # inside a rank (any world size p, stage = rank):
-    out = schedule.gpipe_step(stage, x, y, loss_fn, n_microbatches=8, act_shape=(rows // 8, hidden))
+    spans, makespan = schedule.simulate(order, t_f=[1.2, 0.9], t_b=[2.8, 3.2], t_comm=(0.1, 0.05))
 
 Symbols (GPipe paper: Huang et al., NeurIPS 2019, arXiv:1811.06965): p stages (= ranks, "K" there),
 m micro-batches ("M" there), t_f / t_b forward / backward time of one micro-batch on one stage.
-The math is pure (unit-tested without torch.distributed); ``gpipe_step`` runs in ranks, on CUDA
-tensors over NCCL or CPU tensors over gloo, and records its spans in a ``timing.SpanTimer``.
+Everything here is pure (unit-tested without torch.distributed).
 """
 from __future__ import annotations
-
-import contextlib
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -106,19 +102,35 @@ def schedule_order(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]
     return orders
 
 
-def simulate(order: list[list[tuple[str, int]]], t_f: float = 1.0, t_b: float = 2.0,
-             t_comm: float = 0.0) -> tuple[list[dict], float]:
+def _per_stage(value, p: int, what: str) -> list[float]:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * p
+    if len(values) != p:
+        raise ValueError(f"{what} has {len(values)} values for {p} stages. HINT: one number, or one per stage.")
+    return [float(v) for v in values]
+
+
+def simulate(order: list[list[tuple[str, int]]], t_f=1.0, t_b=2.0,
+             t_comm=0.0) -> tuple[list[dict], float]:
     """Run a schedule on an idealised machine: every op starts as soon as its stage is free and its
-    input has arrived (forward of micro-batch i on stage s needs stage s-1's forward of i plus
-    ``t_comm``; backward needs stage s+1's backward of i plus ``t_comm``).
+    input has arrived (forward of micro-batch i on stage s needs stage s-1's forward of i plus the
+    forward transfer time; backward needs stage s+1's backward of i plus the backward transfer time).
+
+    Args:
+        order: per stage, the ops in the order it runs them (``schedule_order``).
+        t_f, t_b: forward / backward time of one micro-batch: one number, or one per stage.
+        t_comm: transfer time of one message between neighbouring stages: one number, or a pair
+            ``(forward activation, backward gradient)``.
 
     Returns:
         (spans, makespan): spans as ``plots.timeline_plot`` takes them (times in the unit of t_f).
 
     Raises:
-        ValueError: the order deadlocks (an op waits for one that can never run).
+        ValueError: the order deadlocks (an op waits for one that can never run), or a per-stage
+            list of the wrong length.
     """
     p = len(order)
+    tf, tb = _per_stage(t_f, p, "t_f"), _per_stage(t_b, p, "t_b")
+    c_f, c_b = (float(t_comm[0]), float(t_comm[1])) if isinstance(t_comm, (list, tuple)) else (float(t_comm),) * 2
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     nxt = [0] * p
@@ -131,9 +143,9 @@ def simulate(order: list[list[tuple[str, int]]], t_f: float = 1.0, t_b: float = 
                 dep = (kind, s - 1, i) if kind == "F" else (kind, s + 1, i)
                 if 0 <= dep[1] < p and dep not in done:
                     break  # input not produced yet: try the other stages
-                ready = done[dep] + t_comm if 0 <= dep[1] < p else 0.0
+                ready = done[dep] + (c_f if kind == "F" else c_b) if 0 <= dep[1] < p else 0.0
                 start = max(free[s], ready)
-                end = start + (t_f if kind == "F" else t_b)
+                end = start + (tf[s] if kind == "F" else tb[s])
                 done[(kind, s, i)] = free[s] = end
                 spans.append({"lane": f"stage {s}", "kind": "forward" if kind == "F" else "backward",
                               "label": f"{kind}{i}", "start_ms": start, "end_ms": end})
@@ -174,81 +186,3 @@ def bubble_from_spans(spans: list[dict]) -> dict:
     bubble = {lane: 1.0 - b / step for lane, b in busy.items()}
     return {"step_ms": step, "busy_ms": busy, "bubble": bubble,
             "mean": sum(bubble.values()) / len(bubble)}
-
-
-# ---------------------------------------------------------------- the GPipe loop
-
-def _chunks(t, m: int, what: str):
-    if t.shape[0] % m:
-        raise ValueError(f"{what} has {t.shape[0]} rows, not divisible into {m} equal micro-batches. "
-                         "HINT: choose m that divides the batch (GPipe uses equal micro-batches).")
-    return list(t.chunk(m))
-
-
-def gpipe_step(stage, x, target, loss_fn, n_microbatches: int, act_shape, *, timer=None):
-    """One GPipe training step on this rank's stage: forward of all m micro-batches, then backward.
-
-    Stage s = rank s of the default group, p = world_size. Forward: stage s receives micro-batch i's
-    activation from rank s-1, runs, sends its output to rank s+1. Backward (micro-batches in the same
-    order as torch's ``ScheduleGPipe``): stage s receives d loss / d output from rank s+1, back-
-    propagates, sends d loss / d input to rank s-1. The last stage's loss is ``loss_fn(out_i, y_i) / m``,
-    so with a mean loss the accumulated ``.grad`` equal those of one full-batch step.
-
-    Args:
-        stage: this rank's ``nn.Module`` (its parameters' device and dtype are used for buffers).
-        x: the full input batch on rank 0 (ignored elsewhere); target: the full target on the last rank.
-        loss_fn: ``loss_fn(output, target)``, a mean over rows (e.g. ``F.mse_loss``).
-        n_microbatches: m; must divide the batch.
-        act_shape: shape of one micro-batch's activation between stages, e.g. ``(rows // m, hidden)``.
-        timer: optional ``labutils.timing.SpanTimer``: forward spans (loss included) and backward
-            spans per micro-batch.
-
-    Returns:
-        The full-batch output (micro-batch outputs concatenated, detached) on the last rank, else None.
-
-    Raises:
-        ValueError: the batch is not divisible by m.
-    """
-    import torch
-    import torch.distributed as dist
-    rank, p, m = dist.get_rank(), dist.get_world_size(), n_microbatches
-    _check_pm(p, m)
-    param = next(stage.parameters())
-    device, dtype = param.device, param.dtype
-    first, last = rank == 0, rank == p - 1
-    xs = _chunks(x, m, "x") if first else [None] * m
-    ys = _chunks(target, m, "target") if last else [None] * m
-    span = timer.span if timer is not None else (lambda *_: contextlib.nullcontext())
-    lane = f"stage {rank}"
-    inputs, outputs, results, in_flight = [], [], [], []
-    for i in range(m):  # fill: every micro-batch's forward
-        if first:
-            h = xs[i]
-        else:
-            h = torch.empty(act_shape, device=device, dtype=dtype)
-            dist.recv(h, src=rank - 1)
-            h.requires_grad_()
-        with span(device, lane, "forward", f"F{i}"):
-            out = stage(h)
-            if last:
-                results.append(out.detach())
-                out = loss_fn(out, ys[i]) / m
-        if not last:  # isend: the next micro-batch's forward overlaps this transfer
-            act = out.detach()
-            in_flight.append((dist.isend(act, dst=rank + 1), act))
-        inputs.append(h)
-        outputs.append(out)
-    for i in range(m):  # drain: every micro-batch's backward
-        grad = None
-        if not last:
-            grad = torch.empty_like(outputs[i])
-            dist.recv(grad, src=rank + 1)
-        with span(device, lane, "backward", f"B{i}"):
-            torch.autograd.backward(outputs[i], grad_tensors=grad)
-        if not first:
-            g = inputs[i].grad
-            in_flight.append((dist.isend(g, dst=rank - 1), g))
-        inputs[i] = outputs[i] = None  # this micro-batch's activations can go now
-    for work, _ in in_flight:
-        work.wait()
-    return torch.cat(results) if last else None

@@ -1,15 +1,17 @@
 """Lab 04's correctness harness: a pipelined step == the same step on one device.
 
-    from labutils.labs.lab04_pipeline import pipelining, schedule, verify
-    verify.report(labutils.launch(verify.against_one_device, schedule.gpipe_step), "gpipe_step")
-    verify.report(labutils.launch(verify.against_one_device, pipelining.torch_schedule_step),
+    from labutils.labs.lab04_pipeline import pipelining, verify
+    verify.report(pool.run(verify.against_one_device, gpipe_step), "gpipe_step")   # the notebook's loop
+    verify.report(pool.run(verify.against_one_device, pipelining.torch_schedule_step),
                   "torch ScheduleGPipe")
 
-``against_one_device`` runs a step function with the ``gpipe_step`` contract on the small float64
-model (``SMALL``, built by ``model.make_blocks``) and compares the last stage's output and every
-stage's gradients with the one-device model, which each rank also computes; ``report`` prints one
-line per number of micro-batches, or raises. Rank functions run on ``cuda:<rank>`` under NCCL and
-on the CPU under gloo.
+``against_one_device`` runs a step function with the contract of the notebook's ``gpipe_step``
+(``step(stage, x, target, loss_fn, n_microbatches, act_shape)``, stage s = rank s, the full output
+returned on the last rank) on the small float64 model (``SMALL``, built by ``model.make_blocks``)
+and compares the last stage's output and every stage's gradients with the one-device model, which
+each rank also computes; with ``record_order`` it also notes the order in which the stage ran the
+forward and backward of each micro-batch. ``report`` prints one line per number of micro-batches,
+or raises. Rank functions run on ``cuda:<rank>`` under NCCL and on the CPU under gloo.
 """
 from __future__ import annotations
 
@@ -35,14 +37,29 @@ def _compare(got, want, what: str) -> str:
         return f"{what}: {str(exc).splitlines()[0]} {' '.join(str(exc).split()[1:12])}"
 
 
-def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=None) -> dict:
-    """In a rank: run ``step(stage, x, target, loss_fn, m, act_shape)`` (the ``gpipe_step``
-    contract) on the small model, and compare with the one-device model computed on this rank.
+def order_recorder(stage) -> list:
+    """Note, in the returned list, each forward of ``stage`` as ``("F", i)`` (i counts the calls) and,
+    when the gradient of that forward's output arrives in backward, ``("B", i)``."""
+    order: list = []
+
+    def on_forward(module, inputs, output):
+        i = sum(1 for kind, _ in order if kind == "F")
+        order.append(("F", i))
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: order.append(("B", i)))
+    stage.register_forward_hook(on_forward)
+    return order
+
+
+def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=None,
+                       record_order: bool = False) -> dict:
+    """In a rank: run ``step(stage, x, target, loss_fn, m, act_shape)`` on the small model, and
+    compare with the one-device model computed on this rank.
 
     Returns:
         ``{m: {"output": "ok" | message | None (not the last rank), "grads": "ok" | message,
-        "n_grads": int}}`` plus ``"not_attempted": bool`` (``step`` raised NotImplementedError and
-        ``fallback`` ran instead).
+        "n_grads": int, "order": [("F", i) / ("B", i), ...] (with ``record_order``)}}`` plus
+        ``"not_attempted": bool`` (``step`` raised NotImplementedError and ``fallback`` ran instead).
     """
     cfg = {**SMALL, **(cfg or {})}
     dev, dtype = rank_device(), getattr(torch, cfg["dtype"])
@@ -57,6 +74,7 @@ def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=Non
         ref_out = ref(x)
         F.mse_loss(ref_out, y).backward()
         stage = nn.Sequential(*blocks[lo:hi])
+        order = order_recorder(stage) if record_order else None
         args = (stage, x if first else None, y if last else None, F.mse_loss, m, (N // m, H))
         try:
             got = step(*args)
@@ -69,6 +87,8 @@ def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=Non
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in stage.parameters()]
         res = {"output": None, "n_grads": len(grads),
                "grads": _compare(grads, ref_grads, f"stage {rank} gradients")}
+        if order is not None:
+            res["order"] = list(order)
         if last:
             res["output"] = ("the last rank returned None instead of the output" if got is None
                              else _compare(got, ref_out.detach(), "output"))
