@@ -1,7 +1,8 @@
 """Checkers for lab 05 (debugging distributed programs).
 
-Each exercise runs the learner's rank function on real ranks (NCCL with >= 2 GPUs, else gloo), with
-a short timeout: a hang is a failed check, reported with what it means, not a frozen notebook.
+Each exercise runs the learner's rank function on real ranks -- a ``RankPool``'s when one is given
+(the notebook passes 3 gloo ranks), else freshly launched ones (NCCL with >= 2 GPUs, else gloo) --
+with a short timeout: a hang is a failed check, reported with what it means, not a frozen notebook.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from ..errors import RankError, RankTimeout
 from ..solutions import lab05 as solution
 from . import fail, not_attempted, passed, say_not_attempted
 
-TIMEOUT_S = 40.0  # start-up (several seconds under NCCL) + a few collectives
+TIMEOUT_S = 40.0       # a launch: start-up (several seconds under NCCL) + a few collectives
+POOL_TIMEOUT_S = 10.0  # a pool's ranks are already up: a few collectives
 
 
 def _attempted(fn, reference, probe) -> object:
@@ -25,10 +27,13 @@ def _attempted(fn, reference, probe) -> object:
         return fn
 
 
-def _run_ranks(rank_fn, fn, world_size, backend, hang_hint: str, error_hint: str) -> list:
-    """Launch ``rank_fn(rank, world_size, fn)`` and turn a hang or a failure into ExerciseError."""
+def _run_ranks(rank_fn, fn, world_size, backend, hang_hint: str, error_hint: str, pool=None) -> list:
+    """Run ``rank_fn(rank, world_size, fn)`` on ``pool``'s ranks, or on freshly launched ones, and turn a
+    hang or a failure into ExerciseError."""
     from ..launch import launch
     try:
+        if pool is not None:
+            return pool.run(rank_fn, fn, timeout=POOL_TIMEOUT_S, output="quiet")
         return launch(rank_fn, fn, world_size=world_size, backend=backend, timeout=TIMEOUT_S,
                       output="quiet")
     except RankTimeout as e:
@@ -55,9 +60,10 @@ def _run_checked(rank, world_size, fn):
     return fine, mismatch
 
 
-def checked_all_reduce(fn, world_size=None, backend=None) -> None:
-    """Run ``fn(t)`` on every rank: matching tensors must be summed; when the last rank's tensor has
-    another shape, every rank must raise ValueError naming that rank -- and nobody may hang."""
+def checked_all_reduce(fn, world_size=None, backend=None, pool=None) -> None:
+    """Run ``fn(t)`` on every rank (of ``pool``, or launched): matching tensors must be summed; when the
+    last rank's tensor has another shape, every rank must raise ValueError naming that rank -- and
+    nobody may hang."""
     import torch
 
     def probe(f):
@@ -68,7 +74,7 @@ def checked_all_reduce(fn, world_size=None, backend=None) -> None:
                      "every rank: dist.all_gather_object(everyone, (tuple(t.shape), str(t.dtype))), "
                      "then compare",
                      "compare the fingerprints before the all_reduce, and raise ValueError (not "
-                     "another exception) on every rank when they differ")
+                     "another exception) on every rank when they differ", pool)
     ws = len(out)
     total = sum(range(1, ws + 1))
     for rank, (fine, mismatch) in enumerate(out):
@@ -97,9 +103,10 @@ def _run_steps(rank, world_size, fn):
     return fine, skipped
 
 
-def guarded_step(fn, world_size=None, backend=None) -> None:
-    """Run ``fn(rank, world_size, loss, grad)`` twice: all losses finite (must average ``grad``), and
-    with a NaN on the last rank only (every rank must return None -- and nobody may hang)."""
+def guarded_step(fn, world_size=None, backend=None, pool=None) -> None:
+    """Run ``fn(rank, world_size, loss, grad)`` twice on every rank (of ``pool``, or launched): all
+    losses finite (must average ``grad``), and with a NaN on the last rank only (every rank must return
+    None -- and nobody may hang)."""
     import torch
 
     def probe(f):
@@ -108,7 +115,7 @@ def guarded_step(fn, world_size=None, backend=None) -> None:
     out = _run_ranks(_run_steps, fn, world_size, backend,
                      "the rank with the NaN skipped a collective the others called. Decide together "
                      "first: all_reduce a 0/1 'my loss is finite' flag with op=ReduceOp.MIN, then "
-                     "branch on it", "the rank's traceback is shown above this error")
+                     "branch on it", "the rank's traceback is shown above this error", pool)
     ws = len(out)
     mean = sum(range(1, ws + 1)) / ws
     for rank, (fine, skipped) in enumerate(out):

@@ -5,14 +5,16 @@
 # 1. Make the classic failures on purpose — an exception in one rank, a rank that never arrives, collectives
 #    called in a different order or with different shapes, a tensor on the wrong device, a hard-coded port —
 #    and read each error like a professional: *which* rank, *where*, *why*.
-# 2. Use the tools for the job: `RankError`/`RankTimeout` (where every rank was), `TORCH_DISTRIBUTED_DEBUG=DETAIL`,
-#    torch's flight recorder, the `TORCH_NCCL_*` watchdog settings, and `NCCL_DEBUG=INFO` (rings, channels,
-#    transports — what NVLink looks like).
+# 2. Use the tools for the job: `RankError`/`RankTimeout` (where every rank was), torch's own timeout, NCCL's
+#    watchdog and the flight-recorder dumps, `TORCH_DISTRIBUTED_DEBUG=DETAIL`, and `NCCL_DEBUG=INFO` (rings,
+#    channels, transports, and the topology graph NCCL builds of your machine).
 # 3. Leave with a checklist for the next hang.
 #
 # **GPUs needed for the live path:** 2 (NCCL). Every failure is also made live on CPU ranks (gloo); what only
 # NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
-# **Time:** ~2 min to run (it hangs on purpose, with short timeouts), ~30 min to study.
+#
+# **Time:** 45 min of study (two exercises); about 45 s to run on 2×H200 — it fails and hangs on purpose, with
+# short timeouts, and runs independent failures side by side — about 2 min on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -26,31 +28,38 @@ import socket
 import tempfile
 import time
 
+import pandas as pd
 import psutil
-
 import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import debugging, hw, procs, recorded
+from labutils import claims, debugging, hw, procs, recorded
 from labutils.checks import lab05 as check
+from labutils.labs.lab05_debugging import demos, topology
+from labutils.labs.lab05_debugging.claims import CLAIMS
 
 HW = hw.describe()
 MODE = HW.mode
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 labutils.default_config()
 LISTENING_BEFORE = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+BACKGROUND = demos.Background()   # slow demonstrations started in one section and read in a later one
 HW
 
 # %% [markdown]
-# Three settings for the whole lab. A hang is made on purpose several times, so timeouts are short — but a
-# launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator: several seconds
-# on GPUs), so not *too* short. `ERR_S` collects how long each failure took to surface (summary at the end).
+# A few settings for the whole lab. A hang is made on purpose several times, so timeouts are short — but a
+# launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator: seconds on GPUs),
+# so not *too* short; on a CPU-only machine, where several launches start at once on few cores, they are longer.
+# `ERR_S` collects how long each failure took to surface (summary at the end).
 
 # %%
-HANG_S = 15      # launch timeout (s) for the deliberate hangs
+SLOW_START = MODE != "multi-gpu"             # CPU ranks: several launches start at once on few cores
+HANG_S = 20 if SLOW_START else 10            # launch timeout (s) for a deliberate hang
+RAW_S = 30 if SLOW_START else 10             # the same, for the mistakes launched side by side
+PG_TIMEOUT_S = 10 if SLOW_START else 5       # torch's own process-group timeout in section 3
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # flight recorder on
-ERR_S = {}       # failure -> seconds from launch to the error
+ERR_S = {}                                   # failure -> seconds from launch to the error
 
 
 def dev(rank):
@@ -151,7 +160,85 @@ for r, rec in flight.items():
 # collective *before* that line; the flight recorder lists them in order, with their sequence numbers.
 
 # %% [markdown]
-# ## 3 · Mismatched collectives and wrong shapes
+# ## 3 · torch's own timeout, NCCL's watchdog, and the flight-recorder dump
+#
+# `torch.distributed` has a timeout of its own: `init_process_group(timeout=...)` (10 minutes by default for
+# NCCL). labutils sets it to the launch timeout + 60 s, so that *its* `RankTimeout` comes first, while the ranks
+# are still alive to say where they are. Set a shorter one yourself and torch acts first — differently per
+# backend:
+#
+# * **gloo** raises in the waiting rank: *"Timed out waiting … for recv operation to complete"*.
+# * **NCCL** has a *watchdog* thread per process group that checks every in-flight collective. With
+#   `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` (labutils sets it) a timed-out collective aborts the communicator and
+#   **kills the process** (SIGABRT) — the only safe exit, since the GPU kernel may never finish. With
+#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` it first writes the flight recorder to `TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`,
+#   and tells the other ranks (through the store) to dump theirs.
+#
+# | setting | what it does |
+# |---|---|
+# | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | on an error or timeout: 1 = abort the communicators, then kill the process (labutils' choice); 3 = kill without aborting (torch's default); 2 = abort only; 0 = nothing |
+# | `TORCH_NCCL_BLOCKING_WAIT=1` | `wait()` raises `DistBackendError` after the timeout in *your* thread, instead of the watchdog killing the process |
+# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` | on a timeout, write each rank's flight recorder to `<prefix><rank>` |
+# | `TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC` | how long the timed-out rank waits for its dump before the watchdog aborts it |
+# | `TORCH_INCLUDE_STACK_TRACE=0` | dump without the Python stacks of each collective (symbolising them is what makes a dump slow) |
+# | `TORCH_FR_BUFFER_SIZE` (older: `TORCH_NCCL_TRACE_BUFFER_SIZE`) | how many collectives the flight recorder keeps (0 = off) |
+# | `TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` | a monitor thread kills the process if the watchdog itself is stuck |
+# | `TORCH_DISTRIBUTED_DEBUG=DETAIL` | fingerprint check before every collective (section 4) |
+# | `TORCH_CPP_LOG_LEVEL=INFO`, `TORCH_SHOW_CPP_STACKTRACES=1` | torch's C++ logs and stacks (labutils keeps the level at ERROR) |
+#
+# The demo: the process group is created *in* the function with a short timeout (`PG_TIMEOUT_S`); rank 0 calls
+# a second collective that the others never join.
+
+# %%
+def short_torch_timeout(rank, world_size, backend, timeout_s):
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    x = torch.ones(4, device=dev(rank))
+    dist.all_reduce(x)          # collective #1: every rank
+    if rank == 0:
+        dist.barrier()          # collective #2: nobody else comes
+    time.sleep(3600)
+
+
+def torch_timeout_demo(backend):
+    """Run the demo on `backend`; what the error said, how long it took, and the flight-recorder dumps."""
+    prefix = tempfile.mkdtemp(prefix="fr-") + "/rank_"
+    env = {**FR_ENV, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "5000",
+           "TORCH_INCLUDE_STACK_TRACE": "0", "TORCH_NCCL_COORD_CHECK_MILSEC": "100"}
+    t0 = time.perf_counter()
+    try:
+        labutils.launch(short_torch_timeout, backend, PG_TIMEOUT_S, backend=backend, init="none", timeout=60,
+                        env=env, output="quiet")
+        error = "no error"
+    except (labutils.RankError, labutils.RankTimeout) as e:
+        error = str(e)
+    dumps = debugging.read_flight_dumps(prefix)
+    shutil.rmtree(prefix.rsplit("/", 1)[0], ignore_errors=True)
+    return {"error": error, "seconds": round(time.perf_counter() - t0, 1),
+            "dumps": {str(r): debugging.describe_flight(rec) for r, rec in dumps.items()},
+            "divergence": debugging.first_divergence(dumps)}
+
+
+# %% [markdown]
+# The demo takes its time — the timeout itself, then the watchdog's dump and abort — and nothing else depends
+# on it, so it runs in the background while sections 4 to 7 run; section 8 reads what it left behind. Under
+# NCCL it runs where there are 2 GPUs (elsewhere section 8 shows the recording); under gloo on this machine
+# otherwise.
+
+# %% tags=["nbval-ignore-output"]
+if MODE == "multi-gpu":
+    BACKGROUND.start("nccl timeout", torch_timeout_demo, "nccl")
+else:
+    BACKGROUND.start(f"{BACKEND} timeout", torch_timeout_demo, BACKEND)
+print("running in the background:", BACKGROUND.running())
+
+# %% [markdown]
+# ## 4 · Mismatched collectives and wrong shapes
 #
 # Collectives are matched **by call order**, not by name: the k-th collective a rank calls pairs with the
 # k-th collective of every other rank. Neither backend compares the calls up front — that would cost an extra
@@ -164,13 +251,11 @@ for r, rec in flight.items():
 my_prediction_shapes = None  # ✍ "hang", "error" or "wrong values"
 
 # %% [markdown]
-# **Try it** — two mistakes, each in a launch of its own with a 10 s timeout: the order (`all_reduce` then
-# `broadcast` on rank 0, the other way round elsewhere), and the shapes. `raw_mistakes` reports what happened.
+# **Try it** — two mistakes, each in a launch of its own with a short timeout, launched side by side: the order
+# (`all_reduce` then `broadcast` on rank 0, the other way round elsewhere), and the shapes. `raw_mistakes`
+# reports what happened.
 
 # %%
-RAW_S = 10
-
-
 def mistake(rank, world_size, which):
     x = torch.ones(4 + (rank if which == "shapes" else 0), device=dev(rank))
     if which == "order" and rank == 0:
@@ -186,45 +271,26 @@ def mistake(rank, world_size, which):
 
 def raw_mistakes(backend):
     """What each mistake does on `backend`: {mistake: {"outcome": text, "seconds": s}}."""
+    runs = demos.side_by_side({which: (labutils.launch, (mistake, which),
+                                       {"backend": backend, "timeout": RAW_S, "output": "quiet"})
+                               for which in ("order", "shapes")})
     out = {}
-    for which in ("order", "shapes"):
-        t0 = time.perf_counter()
-        try:
-            values = labutils.launch(mistake, which, backend=backend, timeout=RAW_S, output="quiet")
-            outcome = f"wrong values: no error, sums {values}"
-        except labutils.RankTimeout as e:
-            outcome = f"hang: {str(e).split('. HINT')[0]}"
-        except labutils.RankError as e:
-            outcome = f"error: {str(e).split('. HINT')[0]}"
-        out[which] = {"outcome": outcome, "seconds": round(time.perf_counter() - t0, 1)}
+    for which, o in runs.items():
+        if o.error is None:
+            outcome = f"wrong values: no error, sums {o.value}"
+        else:
+            kind = "hang" if isinstance(o.error, labutils.RankTimeout) else "error"
+            outcome = f"{kind}: {str(o.error).split('. HINT')[0]}"
+        out[which] = {"outcome": outcome, "seconds": round(o.seconds, 1)}
     return out
 
 
-# %% tags=["nbval-ignore-output"]
-here = raw_mistakes(BACKEND) if MODE != "multi-gpu" else None
-nccl = recorded.live_or_recorded("05_raw_mistakes_nccl", lambda: raw_mistakes("nccl"), gpus_needed=2)
-outcomes = {f"nccl ({nccl.label})": nccl.data}
-if here:
-    outcomes = {f"{BACKEND} (live, this machine)": here, **outcomes}
-for where, data in outcomes.items():
-    for which, o in data.items():
-        print(f"{which:>6} mistake, {where}: {o['outcome'][:220]}  [{o['seconds']} s]")
-        ERR_S[f"raw {which} mistake, {where.split()[0]}"] = o["seconds"]
-check.prediction_outcome(my_prediction_shapes,
-                         {where: data["shapes"]["outcome"].split(":")[0] for where, data in outcomes.items()})
-
 # %% [markdown]
-# **What that says.** The same mistake hangs, crashes or silently "works" depending on the backend, the
-# operation and even the message size: gloo aborts the rank whose buffer is too small for what it receives
-# (its last words, quoted in the error: *"Received data size doesn't match expected size"*) — but with 1 vs 2
-# elements it hangs instead (`tests/test_faults.py` pins both). NCCL's kernels trust that every rank passed
-# the same count; the recorded outcome above is what it did on 2×H200. Never rely on a symptom: make the
-# mismatch *loud*.
-#
-# `TORCH_DISTRIBUTED_DEBUG=DETAIL` wraps the process group so that before every collective the ranks
-# exchange a *fingerprint* of the call (operation, shapes, dtypes, devices) over a side gloo group, and raise
-# on every rank when they differ — before anything is sent. One launch can try several mistakes, catching
-# each error and carrying on (nothing was sent, so the group is still usable):
+# The tool that makes such mistakes loud: `TORCH_DISTRIBUTED_DEBUG=DETAIL` wraps the process group so that
+# before every collective the ranks exchange a *fingerprint* of the call (operation, shapes, dtypes, devices)
+# over a side gloo group, and raise on every rank when they differ — before anything is sent. One launch can
+# try several mistakes, catching each error and carrying on (nothing was sent, so the group is still usable).
+# It runs beside the two raw mistakes:
 
 # %%
 def mistakes_under_detail(rank, world_size):
@@ -248,12 +314,38 @@ def mistakes_under_detail(rank, world_size):
     return said
 
 
-try:
-    detail = labutils.launch(mistakes_under_detail, backend=BACKEND, timeout=60,
-                             env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, output="quiet")
-except (labutils.RankError, labutils.RankTimeout) as e:  # keep going: the rest does not need it
-    detail = [{"wrong device (CPU tensor)": f"(the DETAIL run failed: {e})"}]
-    print(e)
+# %% tags=["nbval-ignore-output"]
+BACKGROUND.start("DETAIL", labutils.launch, mistakes_under_detail, backend=BACKEND, timeout=60,
+                 env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, output="quiet")
+here = raw_mistakes(BACKEND) if MODE != "multi-gpu" else None
+nccl = recorded.live_or_recorded("05_raw_mistakes_nccl", lambda: raw_mistakes("nccl"), gpus_needed=2)
+outcomes = {f"nccl ({nccl.label})": nccl.data}
+if here:
+    outcomes = {f"{BACKEND} (live, this machine)": here, **outcomes}
+display(pd.DataFrame([{"mistake": which, "where": where, "outcome": o["outcome"][:160], "seconds": o["seconds"]}
+                      for where, data in outcomes.items() for which, o in data.items()]))
+for where, data in outcomes.items():
+    for which, o in data.items():
+        ERR_S[f"raw {which} mistake, {where.split()[0]}"] = o["seconds"]
+check.prediction_outcome(my_prediction_shapes,
+                         {where: data["shapes"]["outcome"].split(":")[0] for where, data in outcomes.items()})
+claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data))
+
+# %% [markdown]
+# **What that says.** The same mistake hangs, crashes or silently "works" depending on the backend, the
+# operation and even the message size: gloo aborts the rank whose buffer is too small for what it receives
+# (its last words, quoted in the error: *"Received data size doesn't match expected size"*) — but with 1 vs 2
+# elements it hangs instead (`tests/test_faults.py` pins both). NCCL's kernels trust that every rank passed
+# the same count; the verdicts above say what it did on 2×H200. Never rely on a symptom: make the mismatch
+# *loud*. Here is what DETAIL said, run beside them:
+
+# %%
+detail_run = BACKGROUND.outcome("DETAIL")
+if detail_run.error is None:
+    detail = detail_run.value
+else:  # keep going: the rest does not need it
+    detail = [{"wrong device (CPU tensor)": f"(the DETAIL run failed: {detail_run.error})"}]
+    print(detail_run.error)
 for name in ("order", "shapes", "dtypes", "same call everywhere"):
     said = detail[0].get(name, "?")
     print(f"{name:>21}: {debugging.explain_mismatch(said) or said}")
@@ -265,7 +357,7 @@ for name in ("order", "shapes", "dtypes", "same call everywhere"):
 # off to measure.
 
 # %% [markdown]
-# ## 4 · The wrong device
+# ## 5 · The wrong device
 #
 # The second source's programs create their tensors with `torch.randn(1000, 1000)` — on the CPU — and then
 # use `backend='nccl'`. NCCL only moves GPU memory. Under gloo a CPU tensor is simply right, so this mistake
@@ -277,6 +369,7 @@ wrong_device = recorded.live_or_recorded(
 print(f"NCCL + CPU tensor [{wrong_device.label}]:\n  {wrong_device.data['message'][:300]}")
 print("gloo + CPU tensor (this machine):", detail[0]["wrong device (CPU tensor)"] if MODE != "multi-gpu" else "not run")
 print("labutils' hint for it:", labutils.errors.hint_for(wrong_device.data["message"]))
+claims.show(CLAIMS["05_wrong_device_nccl"](wrong_device.data))
 
 # %% [markdown]
 # Two more device mistakes that labutils' default `init="eager"` rules out, worth knowing when you write the
@@ -285,12 +378,14 @@ print("labutils' hint for it:", labutils.errors.hint_for(wrong_device.data["mess
 # `cuda` (the *current* device) before `set_device`, which puts every rank's data on GPU 0.
 
 # %% [markdown]
-# ## 5 · A hard-coded port
+# ## 6 · A hard-coded port
 #
 # Both of the second source's programs rendezvous at `init_method='tcp://localhost:23456'`. Rank 0 listens on
 # that port; the others connect to it. Run two such programs at once — two notebooks, a previous run that is
 # still alive, a colleague — and the port is taken. Here a socket of the notebook takes a free port first, and
-# the source's `init_process_group` is pointed at it (gloo and CPU tensors: the port is the point).
+# the source's `init_process_group` is pointed at it (gloo and CPU tensors: the port is the point). Beside it,
+# the fix: no fixed port — `labutils.launch` asks the OS for a free one every time (the rendezvous store lives
+# in the notebook, on 127.0.0.1), and with `init="none"` puts one in `MASTER_PORT` for `init_method="env://"`.
 
 # %%
 def source_style_init(rank, world_size, url):
@@ -305,105 +400,18 @@ with socket.socket() as squatter:
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     url = f"tcp://127.0.0.1:{squatter.getsockname()[1]}"
-    try:
-        timed_launch("port taken", source_style_init, url, backend="gloo", init="none", timeout=60,
-                     output="quiet")
-        print("no error?!")
-    except labutils.RankError as e:
-        print(f"rank {e.rank} raised {e.exc_type}; "
-              f"'address already in use': {'address already in use' in e.remote_message.lower()}")
-        print("HINT:", str(e).split("HINT: ")[-1])
-
-# %% [markdown]
-# The fix: no fixed port. `labutils.launch` asks the OS for a free one every time (the rendezvous store lives in
-# the notebook, on 127.0.0.1); with `init="none"` it puts a free one in `MASTER_PORT` for `init_method="env://"`:
-
-# %%
-print(labutils.launch(source_style_init, "env://", backend="gloo", init="none", timeout=60, output="quiet"))
-
-# %% [markdown]
-# ## 6 · torch's own timeout, NCCL's watchdog, and the flight-recorder dump
-#
-# `torch.distributed` has a timeout of its own: `init_process_group(timeout=...)` (10 minutes by default for
-# NCCL). labutils sets it to the launch timeout + 60 s, so that *its* `RankTimeout` comes first, while the ranks
-# are still alive to say where they are. Set a shorter one yourself and torch acts first — differently per
-# backend:
-#
-# * **gloo** raises in the waiting rank: *"Timed out waiting 5000ms for recv operation to complete"*.
-# * **NCCL** has a *watchdog* thread per process group that checks every in-flight collective. With
-#   `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` (labutils sets it) a timed-out collective aborts the communicator and
-#   **kills the process** (SIGABRT) — the only safe exit, since the GPU kernel may never finish. With
-#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` it first writes the flight recorder to `TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`,
-#   and tells the other ranks (through the store) to dump theirs.
-#
-# | setting | what it does |
-# |---|---|
-# | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | on an error or timeout: 1 = abort the communicators, then kill the process (labutils' choice); 3 = kill without aborting (torch's default); 2 = abort only; 0 = nothing |
-# | `TORCH_NCCL_BLOCKING_WAIT=1` | `wait()` raises `DistBackendError` after the timeout in *your* thread, instead of the watchdog killing the process |
-# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` | on a timeout, write each rank's flight recorder to `<prefix><rank>` |
-# | `TORCH_FR_BUFFER_SIZE` (older: `TORCH_NCCL_TRACE_BUFFER_SIZE`) | how many collectives the flight recorder keeps (0 = off) |
-# | `TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` | a monitor thread kills the process if the watchdog itself is stuck |
-# | `TORCH_DISTRIBUTED_DEBUG=DETAIL` | fingerprint check before every collective (section 3) |
-# | `TORCH_CPP_LOG_LEVEL=INFO`, `TORCH_SHOW_CPP_STACKTRACES=1` | torch's C++ logs and stacks (labutils keeps the level at ERROR) |
-#
-# The demo: the process group is created *in* the function with a 5 s timeout; rank 0 calls a second
-# collective that the others never join.
-
-# %%
-def short_torch_timeout(rank, world_size, backend):
-    kw = {}
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        kw["device_id"] = torch.device("cuda", rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=5), **kw)
-    x = torch.ones(4, device=dev(rank))
-    dist.all_reduce(x)          # collective #1: every rank
-    if rank == 0:
-        dist.barrier()          # collective #2: nobody else comes
-    time.sleep(3600)
-
-
-def torch_timeout_demo(backend):
-    """Run the demo on `backend`; what the error said, how long it took, and the flight-recorder dumps."""
-    prefix = tempfile.mkdtemp(prefix="fr-") + "/rank_"
-    env = {**FR_ENV, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "5000"}
-    t0 = time.perf_counter()
-    try:
-        labutils.launch(short_torch_timeout, backend, backend=backend, init="none", timeout=60, env=env,
-                        output="quiet")
-        error = "no error"
-    except (labutils.RankError, labutils.RankTimeout) as e:
-        error = str(e)
-    dumps = debugging.read_flight_dumps(prefix)
-    shutil.rmtree(prefix.rsplit("/", 1)[0], ignore_errors=True)
-    return {"error": error, "seconds": round(time.perf_counter() - t0, 1),
-            "dumps": {str(r): debugging.describe_flight(rec) for r, rec in dumps.items()},
-            "divergence": debugging.first_divergence(dumps)}
-
-
-# %% tags=["nbval-ignore-output"]
-runs = {}
-if MODE != "multi-gpu":
-    runs[f"{BACKEND} (live, this machine)"] = torch_timeout_demo(BACKEND)
-nccl_timeout = recorded.live_or_recorded("05_torch_timeout_nccl", lambda: torch_timeout_demo("nccl"),
-                                         gpus_needed=2)
-runs[f"nccl ({nccl_timeout.label})"] = nccl_timeout.data
-for where, r in runs.items():
-    ERR_S[f"torch's 5 s timeout, {where.split()[0]}"] = r["seconds"]
-    print(f"--- {where}: error after {r['seconds']} s\n{r['error'][:600]}")
-    print("flight-recorder dumps written by torch:", r["dumps"] or "none")
-    print("first divergence:", r["divergence"])
-
-# %% [markdown]
-# **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
-# process-group timeout expired"*. Under NCCL the rank is killed by SIGABRT: labutils still names it and quotes
-# its last words (the watchdog's *"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
-# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The dump files are what you would collect
-# from every node of a real job; `python -m torch.distributed.flight_recorder.fr_trace <dir>` is torch's own
-# analyser for them, and `debugging.first_divergence` does the essential part of it. gloo writes no dump on
-# a timeout — but `RankTimeout.flight` (section 2) gets the same records by asking the live ranks.
+    kw = {"backend": "gloo", "init": "none", "timeout": 60, "output": "quiet"}
+    port = demos.side_by_side({"taken": (labutils.launch, (source_style_init, url), kw),
+                               "env://": (labutils.launch, (source_style_init, "env://"), kw)})
+ERR_S["port taken"] = port["taken"].seconds
+e = port["taken"].error
+if e is None:
+    print("no error?!")
+else:
+    print(f"rank {e.rank} raised {e.exc_type}; 'address already in use': "
+          f"{'address already in use' in e.remote_message.lower()}")
+    print("HINT:", str(e).split("HINT: ")[-1])
+print("with init_method='env://' and the port labutils picked:", port["env://"].value)
 
 # %% [markdown]
 # ## 7 · `NCCL_DEBUG=INFO`: what NCCL tells you
@@ -413,7 +421,7 @@ for where, r in runs.items():
 # each driven by its own thread blocks: more channels, more bandwidth — and more SMs used), the **ring** order
 # of each channel, and the **transport** of every connection: `P2P` (GPU to GPU directly: NVLink when the
 # GPUs are NVLink-connected, otherwise PCIe), `SHM` (through host memory), `NET` (sockets or InfiniBand).
-# `COLL` adds one line per collective call, per rank — the NCCL-level view of section 3's mismatches.
+# `COLL` adds one line per collective call, per rank — the NCCL-level view of section 4's mismatches.
 #
 # **Predict:** which transport will NCCL use between the two H200s, whose `nvidia-smi topo -m` says `NV18`?
 
@@ -456,24 +464,75 @@ for ln in [ln for ln in lines if ln.startswith("[rank 0]")][:25]:
 info = debugging.parse_nccl_log(nccl_log.data["log"])
 print(debugging.summarize_nccl(info))
 print("\nthe collectives NCCL logged (rank, operation, element count):", info.collectives[:6])
+print("settings NCCL took from the environment:", info.env)
 print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info.transports) or '?'}")
 
 # %% [markdown]
-# **What NVLink looks like.** The transport lines read `… via P2P/CUMEM/read`: **P2P** — the GPUs write
-# into (here: *read* from) each other's memory directly; over `NV18` that is NVLink (the topology lines show
-# the `NVL` links NCCL found and the bandwidth it assumes for them). **CUMEM** is how the buffers are shared
-# (CUDA's virtual-memory API), **read** means the receiver pulls the data. Each channel appears once per
-# direction; the ring `0 -> 1 -> 0` is all a ring can be with two ranks (with 8 GPUs you would see 8-rank
-# rings in different orders, chosen from the topology). `0 nvls channels`: NVLink SHARP is off on purpose
-# (`NCCL_NVLS_ENABLE=0` on the reference machine). If you ever see `SHM` or `NET/Socket` between GPUs of one
-# machine, peer-to-peer is disabled or impossible there (`NCCL_P2P_DISABLE=1`, a VM without P2P, GPUs on
-# different PCIe roots), and bandwidth drops by an order of magnitude.
+# **Reading the transport.** `P2P` means the GPUs read and write each other's memory directly — over NVLink
+# here. What follows the slash says how: `CUMEM`, the buffers are shared through CUDA's virtual-memory API;
+# `IPC`, through `cudaIpc` handles; a trailing `/read` would mean the receiver pulls the data. Each channel
+# appears once per direction; with two ranks every ring is `0 -> 1 -> 0` (with 8 GPUs you would see 8-rank
+# rings in different orders, chosen from the topology). If you ever see `SHM` or `NET/Socket` between GPUs of
+# one machine, peer-to-peer is disabled or impossible there (`NCCL_P2P_DISABLE=1`, a VM without P2P, GPUs on
+# different PCIe roots), and every transfer goes through host memory or the network stack instead.
+#
+# **Reading the topology.** With `GRAPH` NCCL prints the graph it built of the machine — GPUs, NVSwitches
+# (`NVS`), PCIe switches, CPUs, network cards (`NIC`) and ports (`NET`) — and a bandwidth for every link,
+# `+ NVL[…] - NVS/0-0`. Those numbers are **NCCL's own estimates**, constants from its source
+# (`src/graph/topo.h`) that it multiplies by what it counts; it uses them to choose rings, trees and channel
+# counts. They are not measurements of your links (lab 00 measures those). `topology.links_table` says what each
+# one is; the path lines (`GPU/0-60 :GPU/0-70 (2/370.8/NVL) …`: hops / NCCL's GB/s / path type) say how NCCL
+# will reach one GPU from another.
+
+# %% tags=["nbval-ignore-output"]
+display(pd.DataFrame(topology.links_table(info)))
+for path in topology.gpu_paths(info):
+    print(topology.describe_path(path, info))
+claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
+
+# %% [markdown]
+# `NVS` is an **NVSwitch**: the GPUs' NVLinks do not go to each other but to the switch chips of the board,
+# which is why the path between the two GPUs has two hops. `0 nvls channels` in the summary: NVLink SHARP (reductions inside the NVSwitch) is off when
+# `NCCL_NVLS_ENABLE=0`, as the settings line shows on the reference machine.
 #
 # The `COLL` lines are the cheapest mismatch detector there is: one line per call per rank, with the
 # operation and element count. Two ranks whose lists differ are two ranks that disagree.
 
 # %% [markdown]
+# ## 8 · What torch's timeout left behind
+#
+# The demo of section 3 has been running in the background; here is how it ended.
+
+# %% tags=["nbval-ignore-output"]
+runs = {}
+if MODE != "multi-gpu":
+    runs[f"{BACKEND} (live, this machine)"] = BACKGROUND.outcome(f"{BACKEND} timeout").value
+nccl_timeout = recorded.live_or_recorded("05_torch_timeout_nccl", lambda: BACKGROUND.outcome("nccl timeout").value,
+                                         gpus_needed=2)
+runs[f"nccl ({nccl_timeout.label})"] = nccl_timeout.data
+for where, r in runs.items():
+    ERR_S[f"torch's own timeout, {where.split()[0]}"] = r["seconds"]
+    print(f"--- {where}: error after {r['seconds']} s\n{r['error'][:600]}")
+    print("flight-recorder dumps written by torch:", r["dumps"] or "none")
+    print("first divergence:", r["divergence"])
+claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
+
+# %% [markdown]
+# **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
+# process-group timeout expired"*. Under NCCL the rank is killed by SIGABRT: labutils still names it and quotes
+# its last words (the watchdog's *"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
+# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The time to that error is the timeout, plus
+# what the watchdog does before it aborts (it logs the collective's stack, signals the other ranks through the
+# store, waits for its dump). The dump files are what you would collect from every node of a real job;
+# `python -m torch.distributed.flight_recorder.fr_trace <dir>` is torch's own analyser for them, and
+# `debugging.first_divergence` does the essential part of it. gloo writes no dump on a timeout — but
+# `RankTimeout.flight` (section 2) gets the same records by asking the live ranks.
+
+# %% [markdown]
 # ## Exercises
+#
+# The checkers run your functions on 3 gloo ranks of one pool (CPU tensors, on every machine, so the checks read
+# the same everywhere), each call with a short timeout: a hang is a failed check, not a frozen notebook.
 #
 # ### Exercise 1 · Make the mismatch loud
 #
@@ -481,15 +540,17 @@ print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info
 # raises `ValueError` **on every rank**, naming the ranks that differ — instead of hanging or crashing. (This is
 # what `TORCH_DISTRIBUTED_DEBUG=DETAIL` does for every collective.) Hint: exchange a small *fingerprint* of the
 # call first — `dist.all_gather_object` sends any picklable object — and raise only after every rank has it.
-# The checker runs your function on every rank, with matching tensors and with one more element on the last
-# rank, under a 40 s timeout.
+# The checker runs your function with matching tensors and with one more element on the last rank.
 
 # %%
+CHECK_POOL = labutils.RankPool(world_size=3, backend="gloo", output="quiet")
+
+
 def my_checked_all_reduce(t):
     raise NotImplementedError  # ✍ your code here
 
 
-check.checked_all_reduce(my_checked_all_reduce)
+check.checked_all_reduce(my_checked_all_reduce, pool=CHECK_POOL)
 
 # %% [markdown]
 # ### Exercise 2 · A collective behind an `if`
@@ -513,16 +574,17 @@ def my_guarded_step(rank, world_size, loss, grad):
     raise NotImplementedError  # ✍ your code here
 
 
-check.guarded_step(my_guarded_step)
+check.guarded_step(my_guarded_step, pool=CHECK_POOL)
 
 # %% [markdown]
 # After all these failures, is the notebook's kernel still clean? Every rank was killed, with everything it
 # started; the rendezvous stores are closed.
 
 # %%
+CHECK_POOL.close()
 listening = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN} - LISTENING_BEFORE
-print(f"rank processes still alive: {len(procs.leftover_ranks())}; "
-      f"sockets this kernel opened and still listens on: {len(listening)}")
+print(f"demonstrations still running: {len(BACKGROUND.running())}; rank processes still alive: "
+      f"{len(procs.leftover_ranks())}; sockets this kernel opened and still listens on: {len(listening)}")
 
 # %% [markdown]
 # ## Checklist for the next hang
@@ -539,26 +601,28 @@ print(f"rank processes still alive: {len(procs.leftover_ranks())}; "
 #    sides. Look for collectives behind `if`s on local data, loops of different lengths, early `return`s.
 # 6. **Right devices?** One GPU per rank (`torch.cuda.set_device(rank)` before anything CUDA), tensors on
 #    that GPU for NCCL, CPU tensors for gloo.
-# 7. **Set-up problems?** `NCCL_DEBUG=INFO` (transports, interfaces, versions); no fixed ports; nothing of a
-#    previous run still alive (`nvidia-smi`, `ps`).
+# 7. **Set-up problems?** `NCCL_DEBUG=INFO` (transports, interfaces, versions, the topology NCCL sees); no fixed
+#    ports; nothing of a previous run still alive (`nvidia-smi`, `ps`).
 #
 # ## Summary
 #
-# The source's claims and code, as they ran here:
-#
-# | source | verdict | evidence (this notebook) |
-# |---|---|---|
-# | `init_method='tcp://localhost:23456'` | breaks as soon as the port is taken | section 5: `DistNetworkError … address already in use` on rank 0 |
-# | `torch.randn(1000, 1000)` with `backend='nccl'` | wrong device: NCCL refuses CPU tensors | section 4 (live on GPUs, recorded here otherwise) |
-# | "synchronise" ranks by calling matching collectives | only if every rank calls the same ones in the same order | sections 2–3: hang, abort or silent, depending on backend and size |
-#
+# The source's claims and code, and what NCCL and torch did with them, judged from this notebook's runs (live
+# or recorded, as labelled above); the hard-coded port was tried live in section 6.
+
+# %% tags=["nbval-ignore-output"]
+port_error = port["taken"].error
+verdicts = [claims.Verdict("Source 002: init_method='tcp://localhost:23456' works when the port is already taken",
+                           f"rank {port_error.rank}: {port_error.exc_type}" if port_error else "no error",
+                           "TRUE if the launch returns", claims.FALSE if port_error else claims.TRUE)]
+verdicts += CLAIMS["05_raw_mistakes_nccl"](nccl.data) + CLAIMS["05_wrong_device_nccl"](wrong_device.data)
+verdicts += CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data) + CLAIMS["05_nccl_debug_info"](nccl_log.data)
+claims.table(verdicts)
+
+# %% [markdown]
 # How long each failure took to surface on this machine (a hang costs its timeout; an error, seconds):
 
 # %% tags=["nbval-ignore-output"]
-for name, s in ERR_S.items():
-    print(f"{name:>42}: {s:5.1f} s")
-print(f"{'longest time to an error (not a timeout)':>42}: "
-      f"{max(s for n, s in ERR_S.items() if 'never arrives' not in n and 'raw' not in n):5.1f} s")
+pd.DataFrame({"seconds": ERR_S}).round(1)
 
 # %% [markdown]
 # **Next:** lab 06 benchmarks every collective the way nccl-tests does — with the ranks you now know how to
