@@ -244,8 +244,10 @@ def test_bad_pool_arguments():
         RankPool(timeout=-1)
 
 
-def test_close_while_fresh_ranks_start_is_quick_and_leaves_nothing(no_leaks):
-    with RankPool(world_size=1, backend="gloo", timeout=30, output="quiet") as p:
+def test_start_in_the_background_and_close_while_fresh_ranks_start(no_leaks):
+    with RankPool(world_size=1, backend="gloo", timeout=30, output="quiet", wait=False) as p:
+        assert p.status().starting and p.start_s == 0.0  # returned at once
+        assert p.run(lambda r, w: r + 10) == [10] and p.start_s > 0  # the first task waited
         with pytest.raises(RankTimeout, match="restarted"):
             p.exec("import time\ntime.sleep(30)", timeout=0.5)
         assert p.status().starting
@@ -258,6 +260,10 @@ def test_start_failures_raise_and_leave_nothing(no_leaks):
         RankPool(world_size=1, backend="gloo", start_timeout=0.05)
     with pytest.raises(RankError, match=r"rank 0 raised .*could not start"):
         RankPool(world_size=1, backend="gloo", env={"GLOO_SOCKET_IFNAME": "no-such-if0"})
+    with RankPool(world_size=1, backend="gloo", env={"GLOO_SOCKET_IFNAME": "no-such-if0"}, wait=False) as p:
+        with pytest.raises(RankError, match=r"rank 0 raised .*could not start"):  # at the first task
+            p.run(lambda r, w: r)
+        assert not p.status().running
 
 
 # ---- security and cleanup --------------------------------------------------------------------

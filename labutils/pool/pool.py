@@ -69,6 +69,9 @@ class RankPool:
         output: ``"grouped"`` (each rank's lines together, in rank order, when the task ends),
             ``"live"`` (as they arrive) or ``"quiet"``.
         env: extra environment variables for the ranks.
+        wait: wait in the constructor until the ranks are up (default). ``wait=False`` returns at
+            once: the ranks start in the background -- meanwhile the notebook can do other work, or
+            start a second pool -- and the first task waits for them (a failed start raises there).
 
     The ranks start in the constructor. ``close()`` (idempotent) stops them; so do leaving a
     ``with`` block, the interpreter's exit (kernel shutdown) and garbage collection; ranks also
@@ -81,7 +84,7 @@ class RankPool:
 
     def __init__(self, world_size: int | None = None, backend: str | None = None,
                  timeout: float = 120.0, *, start_timeout: float | None = None,
-                 output: str = "grouped", env: dict | None = None):
+                 output: str = "grouped", env: dict | None = None, wait: bool = True):
         self.timeout = _check_timeout(timeout)
         self.start_timeout = _check_timeout(start_timeout or max(self.timeout, 120.0), "start_timeout")
         self.output = _check_output(output)
@@ -94,7 +97,7 @@ class RankPool:
         self._task_id = 0
         self.tasks_run = 0
         self.restarts = 0
-        self._start()
+        self._start(wait=wait)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
