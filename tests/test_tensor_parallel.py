@@ -310,17 +310,18 @@ def test_every_recording_gives_verdicts():
         assert verdicts and all(v.verdict in (claims.TRUE, claims.FALSE, "UNTESTED") for v in verdicts)
 
 
-def _path_rows(copy_one, copy_both, ag, ag_many):
+def _path_rows(copy_one, copy_both, ag, ag_many, one_process):
     rows = [("copy engine, one way", None, copy_one), ("copy engine, both ways", None, copy_both),
             ("NCCL send/recv, both ways", None, 350.0), ("all_gather_into_tensor", None, ag),
-            ("all_gather_into_tensor, 8 CTAs", 8, ag / 2), ("all_gather_into_tensor, 64 CTAs", 64, ag_many)]
+            ("all_gather_into_tensor, 8 CTAs", 8, ag / 2), ("all_gather_into_tensor, 64 CTAs", 64, ag_many),
+            (paths.ONE_PROCESS, None, one_process)]
     return {"size_bytes": 2**30, "rows": [{"path": p, "ctas": c, "gbps_per_direction": g, "spread": 0.02}
                                           for p, c, g in rows]}
 
 
 @pytest.mark.parametrize("numbers, expected", [
-    ((390.0, 380.0, 270.0, 330.0), ["TRUE", "TRUE", "TRUE"]),     # what 2xH200 looks like
-    ((390.0, 200.0, 190.0, 195.0), ["FALSE", "FALSE", "FALSE"]),  # a link that halves both ways, no CTA effect
+    ((390.0, 380.0, 270.0, 330.0, 265.0), ["TRUE"] * 4),   # what 2xH200 looks like
+    ((390.0, 200.0, 190.0, 195.0, 120.0), ["FALSE"] * 4),  # a link that halves both ways, no CTA effect
 ])
 def test_path_verdicts_follow_their_thresholds(numbers, expected):
     assert [v.verdict for v in paths_verdicts(_path_rows(*numbers))] == expected

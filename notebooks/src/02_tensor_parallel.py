@@ -305,13 +305,14 @@ pd.DataFrame({(op, what): [v * 1e3 if what == "time (µs)" else v for v in OPS[o
 claims.show(sweep_verdicts(SWEEP.data))
 
 # %% [markdown]
-# **What the numbers say.** Small messages are latency-bound: a few KiB take about as long as a few hundred
-# KiB, so busbw is tiny there — the real content of the source's "many small parts are slow" (the threshold:
-# a small call reaching at most a tenth of the large call's busbw). Large messages approach the link, and
-# busbw is the number to compare with the datasheet (the threshold "a large share" is half of it). The list
-# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at
-# 10 % more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
-# can gather into one tensor.
+# **What the numbers say.** Every call pays a fixed cost — the host's work to issue it, the launch of NCCL's
+# kernel, the handshakes of its protocol — that a few KiB cannot amortise: the real content of the source's
+# "many small parts are slow" (the verdict's threshold: a small call reaching at most a tenth of the large
+# call's busbw). For large messages the fixed cost vanishes against the transfer, and busbw is the number to
+# compare with the datasheet (the threshold for "a large share" is half of it). The list version pays extra
+# copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a tenth more time,
+# above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you can gather into
+# one tensor.
 #
 # Since busbw already accounts for an all-reduce moving twice the bytes of an all-gather, one might expect the
 # two to reach the same busbw (within 10 %). The verdict above says whether they do.
@@ -326,9 +327,10 @@ claims.show(sweep_verdicts(SWEEP.data))
 # all. Two more facts matter: a ring collective sends in **both directions at once** (each GPU sends to its
 # right neighbour while receiving from its left — on two GPUs, to and from the same peer), so its fair
 # comparison is a copy both ways at once; and NCCL's point-to-point `send`/`recv` uses the same kind of kernel
-# without a collective's steps. The measurement above also sent the largest size by each of these paths, and
-# ran the two collectives on communicators whose calls use a fixed number of CTAs (NCCL's `min_ctas =
-# max_ctas`: one channel per CTA):
+# without a collective's steps. The measurement above also sent the largest size by each of these paths, ran
+# the two collectives on communicators whose calls use a fixed number of CTAs (NCCL's `min_ctas =
+# max_ctas`: one channel per CTA), and ran the all-gather once more from a single process that drives both
+# GPUs (`torch.cuda.nccl`, as in lab 01), to see whether the process boundary plays a part:
 #
 # **Predict:** which of these three explains most of the all-gather's distance from the copy: sending both
 # ways at once, NCCL's kernel (SMs, buffers), or the number of channels NCCL chose?
@@ -350,13 +352,15 @@ else:
     print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
 
 # %% [markdown]
-# **Reading it.** The verdicts judge three things with explicit thresholds, a tenth either way, well above the run-to-run spread the figure reports: whether the
-# link carries both directions at nearly the one-way rate (then "both ways" cannot be the main cause); whether
-# the all-gather moves less per direction than a copy both ways (then the link is not what limits it); and
-# whether giving NCCL more CTAs raises the all-gather's busbw (then the number of channels is). NCCL's own
-# send/recv both ways sits between: the same kind of kernel, no collective steps. Compare with your prediction.
-# The default is a trade-off: a training step overlaps communication with compute, and every channel's SM is
-# missing from the matmuls beside it.
+# **Reading it.** The verdicts judge four things, each with a tenth as its margin — well above the run-to-run
+# spread the last figure reports: whether the link carries both directions at once at nearly the one-way rate
+# (if so, "both ways" cannot be the main cause); whether the all-gather moves less per direction than a copy
+# both ways (if so, the link is not what limits it); whether one process driving both GPUs gets the same
+# all-gather (if so, the process boundary is not the cause either); and whether giving NCCL more CTAs raises
+# the all-gather's busbw (if so, the number of channels is what limits it). NCCL's own send/recv both ways
+# shows what its kind of kernel reaches without a collective's steps. Compare with your prediction. NCCL's
+# default is a trade-off: in a training step communication overlaps compute, and every channel's SM is missing
+# from the matmuls beside it.
 
 # %% [markdown]
 # ## 3 · "GPU-to-GPU transfers pay for serialisation" — tested
@@ -397,15 +401,21 @@ display(pd.DataFrame({"tensor": [bandwidth.format_size(r["size_bytes"]) for r in
                       "pickle (ms)": [r["pickle_ms"] for r in rows],
                       "unpickle (ms)": [r["unpickle_ms"] for r in rows]}).set_index("tensor").round(3))
 print("devices of the tensors all_gather_object handed back:", rows[-1]["received_devices"])
+link = OBJ.data["link"]
+for path in ("tensor", "object"):
+    b = link.get(f"{path}_link_bytes_per_call")
+    print(f"NVLink bytes per call, {path} path, {bandwidth.format_size(link['size_bytes'])} per rank: "
+          + (f"{b / link['payload_bytes_per_call']:.3f} x the payload" if b is not None else "no NVML counter here"))
 claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data))
 
 # %% [markdown]
 # **Verdict.** The first line judges the claim by the bytes: if NCCL serialised a tensor, NVLink would carry
 # more than the tensor (a threshold of a tenth more leaves room for the counter's granularity and NCCL's
-# flags). The object path puts about the same bytes on NVLink — the pickle adds only a small header (the
-# "pickled bytes" column) — yet it is slower because of what happens *around* the transfer: a GPU → CPU copy
-# and a pickle on the sender, a CPU → GPU copy, two collectives, a GPU → CPU copy and an unpickle on every
-# receiver (the second line: at least ten times slower counts as "far more"). Note also where the unpickled
+# flags). The object path has about the same bytes to move — the pickle adds only a small header (the
+# "pickled bytes" column, and the NVLink counter where it exists) — yet it is slower because of what happens
+# *around* the transfer: a GPU → CPU copy and a pickle on the sender, a CPU → GPU copy, two collectives, a
+# GPU → CPU copy and an unpickle on every receiver (the second line: at least ten times slower counts as
+# "far more"). Note also where the unpickled
 # tensors land: on the GPU they were pickled from, so rank 0 ends up holding a tensor on its peer's GPU. Use
 # object collectives for small Python metadata only.
 
@@ -498,13 +508,14 @@ print(f"step at k = {d['factors'][-1]} / step at k = 1: {step[-1] / step[0]:.2f}
 claims.show(CLAIMS["02_partitions"](PART.data))
 
 # %% [markdown]
-# **Reading it.** Rank 0's compute grows with k while the fast ranks' compute stays flat — and their
-# all_gather time grows instead. Rank 0's own all_gather grows a little too: every block is padded to rank 0's
-# length, so more bytes move. The idle time does not show up as idle: it shows up as a slow collective on the
-# fast ranks, and a profiler would blame NCCL. The verdicts: the fast ranks "idle" if they wait a quarter of
-# the step or more, and their wait "is" rank 0's extra compute if the two agree within a quarter. So the
-# source's §4.1 is right, and the fix is cheap: balance first (`tensor_split`: at most one row of difference),
-# then pad; padding costs at most one row per rank on the wire.
+# **Reading it.** Rank 0's work grows with k; the fast ranks have the same work at every k, so whatever they
+# lose can only show up inside their all_gather, which cannot finish before rank 0 joins. Rank 0's own
+# all_gather moves more bytes as k grows (every block is padded to rank 0's length), so the fast ranks' wait
+# is their all_gather time minus rank 0's. The idle time does not show up as idle: it shows up as a slow
+# collective on the fast ranks, and a profiler would blame NCCL. The verdicts: the fast ranks "idle" if they
+# wait a quarter of the step or more, and their wait "is" rank 0's extra compute if the two agree within a
+# quarter. The fix is cheap: balance first (`tensor_split`: at most one row of difference), then pad; padding
+# costs at most one row per rank on the wire.
 #
 # ### Exercise 1 — all-gather blocks whose lengths only their own rank knows
 # In section 1 every rank could compute every block's length. Often it cannot: after filtering, routing or
@@ -751,9 +762,10 @@ claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 # %% [markdown]
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
 # all-reduce per forward pass and 2 per forward + backward, `t_allreduce` from section 2's alpha–beta fit.
-# Compute grows as hidden², the all-reduce only as hidden: wide layers approach the ideal speedup, narrow ones
-# lose — the all-reduce's fixed cost and the halved matmuls' lower efficiency (the model assumes exactly half
-# the one-GPU time) dominate. The verdicts: "speeds up a wide MLP" needs at least half of the ideal extra speed
+# Compute grows as hidden², the all-reduce only as hidden, so the model has wide layers approach the ideal
+# speedup and narrow ones lose to the all-reduce's fixed cost. Where the measurement falls below the model, the
+# halved matmuls ran less efficiently than half the big one (the model assumes exactly half the one-GPU time).
+# The verdicts: "speeds up a wide MLP" needs at least half of the ideal extra speed
 # (1.5 on 2 GPUs), "slows down a narrow one" a speedup below 1, and the model "predicts" the wide step if
 # within a quarter. That is why tensor parallelism is used within a node (NVLink) and for wide layers, and why
 # later Megatron-LM versions split each all-reduce into a reduce-scatter and an all-gather (sequence
@@ -803,9 +815,9 @@ else:
     print(f"[{TP.label}] this recording has no per-call kernel times; they are measured live on 2 or more GPUs.")
 
 # %% [markdown]
-# The transfer inside the step is the same work as in section 2's sweep, so the fit predicts it (the verdict
-# above calls a prediction "right" within a quarter, at the largest size where fixed costs do not dominate).
-# What a step adds is the wait: the ranks' matmuls and their hosts do not finish at the same instant, and
+# The transfer inside the step is the same work as in section 2's sweep, so the fit should predict it; the
+# verdict in the cell before the exercise says whether it does (within a quarter, at the largest size, where
+# fixed costs matter least). What a step adds is the wait: the ranks' matmuls and their hosts do not finish at the same instant, and
 # whichever rank is early waits inside the collective — the partition effect of section 4 on a small scale. A
 # model of a step built from standalone benchmarks must add it (or the ranks must be kept in lockstep).
 #
@@ -869,8 +881,8 @@ claims.table(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data) + CLAIMS["02_collec
 # never use a fixed port; gather into one tensor; never pickle tensors through object collectives; balance
 # before you pad; and split *weights*, not just data — Megatron's MLP needs one all-reduce forward and one
 # backward, carried by two small autograd operators, and pays when the layer is wide enough for compute to
-# dwarf them. A collective's busbw is NCCL's kernel and its channel count, not only the link; inside a step, it
-# also carries the wait for the slowest rank.
+# dwarf them. A collective's busbw depends on NCCL's kernel and its channel count as well as on the link; inside
+# a step, its time also carries the wait for the slowest rank.
 #
 # **Next:** lab 03 — asynchronous point-to-point (`isend`/`irecv`): the source's second program, what really
 # happens when it runs, and what overlap really buys.

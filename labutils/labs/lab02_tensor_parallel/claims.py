@@ -10,6 +10,7 @@ from __future__ import annotations
 from ... import bandwidth, claims
 from ...bandwidth import format_size
 from . import cost_model
+from .paths import ONE_PROCESS
 
 
 def _holds(claim: str, ok: bool, *, figure: str, rule: str) -> claims.Verdict:
@@ -75,7 +76,7 @@ def paths_verdicts(paths: dict) -> list[claims.Verdict]:
     most = max((r for r in paths["rows"] if r["ctas"] and r["path"].startswith("all_gather")),
                key=lambda r: r["ctas"])
     spread = max(r["spread"] for r in paths["rows"])
-    return [
+    out = [
         claims.at_least("the link carries both directions at once at nearly the one-way rate", both / one, 0.9,
                         figure=f"copy engine at {size}: {both:.0f} GB/s per direction both ways, {one:.0f} GB/s "
                                "one way"),
@@ -84,12 +85,19 @@ def paths_verdicts(paths: dict) -> list[claims.Verdict]:
                        figure=f"all_gather_into_tensor {ag:.0f} GB/s busbw vs copy engine both ways {both:.0f} "
                               f"GB/s per direction, NCCL send/recv both ways {g['NCCL send/recv, both ways']:.0f} "
                               f"GB/s"),
-        claims.at_least("all-gather is limited by how many channels NCCL gives it: more CTAs, more busbw",
-                        most["gbps_per_direction"] / ag, 1.1,
-                        figure=f"all_gather_into_tensor busbw {ag:.0f} GB/s with NCCL's choice, "
-                               f"{most['gbps_per_direction']:.0f} GB/s with {most['ctas']} CTAs "
-                               f"(largest p10-p90 spread of any path {spread:.0%})"),
     ]
+    one_process = g.get(ONE_PROCESS)
+    if one_process is not None:
+        out.append(claims.within("one process driving both GPUs gets the same all-gather busbw as one process "
+                                 "per GPU", one_process, ag, 0.1,
+                                 figure=f"all_gather busbw {one_process:.0f} GB/s from one process, {ag:.0f} GB/s "
+                                        "from one per GPU"))
+    out.append(claims.at_least("all-gather is limited by how many channels NCCL gives it: more CTAs, more busbw",
+                               most["gbps_per_direction"] / ag, 1.1,
+                               figure=f"all_gather_into_tensor busbw {ag:.0f} GB/s with NCCL's choice, "
+                                      f"{most['gbps_per_direction']:.0f} GB/s with {most['ctas']} CTAs "
+                                      f"(largest p10-p90 spread of any path {spread:.0%})"))
+    return out
 
 
 def object_verdicts(data: dict) -> list[claims.Verdict]:

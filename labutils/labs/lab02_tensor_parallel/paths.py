@@ -14,7 +14,9 @@ sample, slowest rank):
   pushes the bytes through its buffers on the peer;
 * **NCCL collectives** ``all_reduce`` and ``all_gather_into_tensor`` on the default communicator and on
   communicators made with a fixed number of CTAs (NCCL's ``min_ctas = max_ctas``: how many thread
-  blocks, each driving one channel, a call may use).
+  blocks, each driving one channel, a call may use);
+* the same all-gather from **one process driving both GPUs** (``torch.cuda.nccl``), to see whether the
+  process boundary matters.
 
 "GB/s per direction" is bytes per second leaving one GPU: S / t for a copy or a send, and busbw for a
 collective (on a ring, busbw is what each link carries in each direction).
@@ -27,6 +29,21 @@ import torch.distributed as dist
 from ... import bandwidth, timing
 from ...compat import all_gather_into_tensor
 from ...config import rank_device
+
+
+ONE_PROCESS = "all_gather, one process driving both GPUs"
+
+
+def _one_process_all_gather(rank: int, elements: int):
+    """On rank 0: ``torch.cuda.nccl.all_gather`` over GPUs 0 and 1 from this one process (NCCL's
+    single-process communicator, as lab 01's ``torch.cuda.comm``); a no-op elsewhere."""
+    if rank != 0:
+        return lambda: None
+    import torch.cuda.nccl as nccl
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    inputs = [torch.zeros(elements // 2, dtype=torch.bfloat16, device=d) for d in devices]
+    outputs = [torch.empty(elements // 2 * 2, dtype=torch.bfloat16, device=d) for d in devices]
+    return lambda: nccl.all_gather(inputs, outputs)
 
 
 def _channel_group(ctas: int):
@@ -96,12 +113,15 @@ def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64)
                   (f"all_gather_into_tensor{suffix}", "SMs (NCCL)", 2, c,
                    lambda g=g: all_gather_into_tensor(gathered, shard, group=g), gathered.numel() * 2,
                    "all_gather")]
+    specs.append((ONE_PROCESS, "SMs (NCCL)", 2, None, _one_process_all_gather(rank, elements), 2 * elements,
+                  "all_gather"))
     times = timing.benchmark_loops({s[0]: repeated(s[4]) for s in specs}, warmup=warmup, iters=iters,
                                    repeat=repeat)
     rows = []
     for name, engine, directions, c, _, size, op in specs:
         t = times[name]
-        gbps = (bandwidth.busbw_gbps(op, size, t.median_ms, world_size) if op
+        ranks = 2 if name == ONE_PROCESS else world_size             # GPUs the collective spans
+        gbps = (bandwidth.busbw_gbps(op, size, t.median_ms, ranks) if op
                 else bandwidth.algbw_gbps(size, t.median_ms))
         rows.append({"path": name, "engine": engine, "directions": directions, "ctas": c,
                      "size_bytes": size, "time_ms": t.median_ms, "spread": t.spread,
