@@ -304,6 +304,11 @@ def _sweep_and_bugs(rank, world_size):
             "order": ops.verify_one(rank, world_size, "all_gather", 1024, run=_swapped_gather),
             "good": ops.verify_one(rank, world_size, "all_gather", 1024, run=None),
             "both_ways": ops.verify_one(rank, world_size, "send_one_way", 1024, run=_both_ways)}
+    try:  # graph mode on gloo ranks: a clear error on every rank, before anything runs
+        sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=64, cuda_graph=3))
+        bugs["graph"] = "ran"
+    except ValueError as exc:
+        bugs["graph"] = str(exc)
     return result, bugs
 
 
@@ -329,6 +334,7 @@ def test_sweep_on_gloo_checks_every_result_and_catches_bugs(no_leaks):
     assert bugs["copy"] == 2 * 256                 # every element of every rank keeps its own value
     assert bugs["root"] > 0 and bugs["max"] > 0 and bugs["order"] > 0
     assert bugs["both_ways"] > 200                 # rank 0 (the sender) received rank 1's data
+    assert "needs NCCL on GPUs" in bugs["graph"] and "HINT: drop --cuda-graph" in bugs["graph"]
     assert [d["device"] for d in result["meta"]["devices"]] == ["cpu", "cpu"]
     # a bare loop of the same torch call beside the benchmark's, at each collective's smallest size only
     first = {}
@@ -359,15 +365,6 @@ def test_three_ranks_other_dtypes_and_root_are_exact(no_leaks):
 
 def _big_for_memory(rank, world_size):
     sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=2**50, minbytes=2**50))
-
-
-def _graph_on_gloo(rank, world_size):
-    sweep.sweep(rank, world_size, bconfig.BenchConfig(maxbytes=64, cuda_graph=3))
-
-
-def test_graph_mode_on_gloo_ranks_is_a_clear_error(no_leaks):
-    with pytest.raises(labutils.RankError, match=r"needs NCCL on GPUs.*HINT: drop --cuda-graph"):
-        labutils.launch(_graph_on_gloo, world_size=2, backend="gloo", timeout=60)
 
 
 def test_too_large_a_sweep_fails_before_allocating(no_leaks):
