@@ -128,8 +128,8 @@ print(f"\nbuggy all_reduce (sums a copy): every element on every rank is wrong: 
 #
 # ## 3 · Measure: the sweep
 #
-# **Predict** on the reference machine, 2×H200 joined by NVLink: the link's rated speed (`nvidia-smi nvlink -s`)
-# is 18 links × 26.6 GB/s = 478 GB/s per GPU and direction. <!-- not measured: the rated speed -->
+# **Predict** on the reference machine, 2×H200 joined by NVLink: `nvidia-smi nvlink -s` reports 18 links of
+# 26.6 GB/s, 478 GB/s per GPU and direction. <!-- not measured: what nvidia-smi reports -->
 
 # %%
 my_prediction_busbw_gbps = None  # ✍ all_reduce busbw at 512 MiB, in GB/s
@@ -461,7 +461,7 @@ else:
 # `send_one_way` **one** (rank 2k sends, rank 2k+1 receives). If that is the cause, the small eager ratio is
 # near two, and it falls back towards one when a CUDA graph removes the host's part: the other two verdicts
 # test exactly that. The benchmark's header says which form each row times; `benchmarks/p2p_forms.py` times
-# every correct form of both kinds, and the benchmark uses the cheapest of each.
+# every correct form of both kinds, and its recorded output in `benchmarks/` names the cheapest of each.
 #
 # ### Exercise 2 · A one-way send for the benchmark
 #
