@@ -20,7 +20,7 @@
 # or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 90 min of study (three exercises, five predictions); about 30 s to run on 2×H200, 1–2 min on a
+# **Time:** 90 min of study (three exercises, five predictions); about 30 s to run on 2×H200, under a minute on a
 # 2-core CPU.
 
 # %% [markdown]
@@ -28,7 +28,8 @@
 # One `RankPool` serves the lab: its ranks start once (NCCL with one GPU per rank when there are enough GPUs,
 # else gloo on CPU tensors) and every experiment is a call into them. A second, 2-rank gloo pool runs what
 # needs CPU tensors on every machine (the source's program on gloo, the exercise checkers); on a machine
-# without GPUs the two are the same pool.
+# without GPUs the two are the same pool. Both start in the background (`wait=False`) while section 1 runs the
+# source's program; their first task waits for them.
 
 # %% tags=["nbval-ignore-output"]
 import datetime
@@ -54,9 +55,9 @@ HW = hw.describe()
 MODE = HW.mode                                       # "multi-gpu", "single-gpu" or "cpu"
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"  # the lab's ranks: one GPU each, else CPU tensors
 labutils.default_config()
-POOL = labutils.RankPool(backend=BACKEND, output="quiet")
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)    # starts in the background
 GLOO = (POOL if POOL.backend == "gloo" and POOL.world_size == 2
-        else labutils.RankPool(world_size=2, backend="gloo", output="quiet"))
+        else labutils.RankPool(world_size=2, backend="gloo", output="quiet", wait=False))
 HW
 
 # %% [markdown]
