@@ -31,6 +31,8 @@ from ... import timing
 from ...config import rank_device
 from .verify import DTYPES
 
+NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")   # NCCL >= 2.19 and older names of its kernels
+
 
 def nccl_kernel_ms(step, calls: int, device) -> list[float]:
     """Run ``step()`` ``calls`` times under ``torch.profiler`` and return the device time (ms) of each
@@ -44,8 +46,9 @@ def nccl_kernel_ms(step, calls: int, device) -> list[float]:
         for _ in range(calls):
             step()
         torch.cuda.synchronize(device)
-    kernels = [e for e in prof.events() if "CUDA" in str(e.device_type) and e.name.startswith("nccl")
-               and int(e.device_index) == index]
+    # the kernels themselves: not the "nccl:all_reduce" ranges PyTorch also draws on the GPU timeline
+    kernels = [e for e in prof.events() if "CUDA" in str(e.device_type) and int(e.device_index) == index
+               and not getattr(e, "is_user_annotation", False) and e.name.startswith(NCCL_KERNELS)]
     kernels.sort(key=lambda e: e.time_range.start)
     return [e.time_range.elapsed_us() / 1e3 for e in kernels]
 
