@@ -91,6 +91,7 @@ def test_run_labs_executes_reports_saves_widgets_and_summary(tmp_path, capfd):
     assert any(m["model_name"] == "IntSliderModel" and m["state"]["value"] == 3 for m in state.values())
     text = summary.read_text()
     assert "machine: " in text and "date: " in text and "total" in text and "1/2 ok" in text
+    assert "wall time of run-labs: " in text and "wall time: " in out
     assert text.splitlines()[0].startswith("python -m labutils run-labs")
 
 

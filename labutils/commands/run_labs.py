@@ -88,11 +88,12 @@ def format_table(rows: list[tuple[str, str, str, float]]) -> str:
     return "\n".join([line(head), sep, *map(line, cells[:-1]), sep, line(cells[-1])])
 
 
-def summary_text(table: str, fingerprint: str, when: datetime.datetime, args_line: str) -> str:
-    """The text ``--summary`` writes: what ran, where, when, and the table (pure)."""
+def summary_text(table: str, fingerprint: str, when: datetime.datetime, args_line: str, wall_s: float) -> str:
+    """The text ``--summary`` writes: what ran, where, when, the table, and the command's wall time (pure)."""
     return (f"python -m labutils {args_line}\n"
             f"machine: {fingerprint}\n"
-            f"date: {when.isoformat(timespec='seconds')}\n\n{table}\n")
+            f"date: {when.isoformat(timespec='seconds')}\n\n{table}\n\n"
+            f"wall time of run-labs: {wall_s:.1f} s (the labs plus run-labs' own set-up)\n")
 
 
 def kernel_config(sockets_dir: str):
@@ -158,6 +159,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    t0 = time.perf_counter()
     from tqdm.auto import tqdm
     from ..hw import describe, detect_mode
     directory = args.dir or notebooks_dir()
@@ -175,12 +177,13 @@ def run(args) -> int:
         rows.append((path.stem, mode, status, secs))
         tqdm.write(f"{path.stem}: {status} ({secs:.1f} s)")
     table = format_table(rows)
-    print(table)
+    wall_s = time.perf_counter() - t0
+    print(f"{table}\nwall time: {wall_s:.1f} s")
     if args.summary is not None:
         argv = " ".join(["run-labs", *args.labs, *(["--record"] if args.record else [])])
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         fingerprint = describe(peer_access=False).fingerprint()
         args.summary.write_text(summary_text(table, fingerprint,
-                                             datetime.datetime.now(datetime.timezone.utc), argv))
+                                             datetime.datetime.now(datetime.timezone.utc), argv, wall_s))
         print(f"summary written to {args.summary}")
     return 0 if all(r[2] == "ok" for r in rows) else 1
