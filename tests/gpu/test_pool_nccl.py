@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from labutils import RankError, RankPool, RankTimeout
+from labutils.pool import RanksInterrupted
 
 from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
 
@@ -63,7 +64,7 @@ def test_exception_keeps_the_nccl_pool(pool):
 def test_interrupt_of_python_code_keeps_the_nccl_pool(pool):
     pids = pool.status().pids
     threading.Timer(1.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RanksInterrupted, match=r"ranks \[0, 1\] ran a task; they stopped it"):
         pool.exec("import time\ntime.sleep(60)")
     assert pool.status().pids == pids and pool.fetch("rank") == [0, 1]
 
@@ -74,5 +75,7 @@ def test_hang_on_the_gpu_times_out_and_restarts(pool, capsys):
         pool.exec("t = torch.ones(1, device=device)\nif rank == 0:\n    dist.all_reduce(t)\n"
                   "    print(t.item())\nprint('after', rank)", timeout=5)
     assert capsys.readouterr().out == "[rank 1] after 1\n"
+    assert pool.status().starting  # the error came back before the fresh ranks were up
     assert not set(pool.status().pids) & set(pids)
     assert pool.run(cuda_sum)[1][0][0].item() == 3.0  # fresh ranks, fresh communicator
+    assert pool.status().devices == ["cuda:0", "cuda:1"] and pool.start_s > 0
