@@ -141,20 +141,21 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 
 # %% [markdown]
 # **What the timeline says.** Each GPU computes while the other waits: GPU 1 cannot start before GPU 0's
-# forward is done, and GPU 0's backward waits for GPU 1's forward *and* backward. Each GPU idles about half of
-# the step. The work itself is not shared: one GPU or the other computes at any moment, the same layers with the
-# same shapes.
+# forward is done, and GPU 0's backward waits for GPU 1's forward *and* backward. Each GPU idles while the other
+# works (the busy shares are printed above). The work itself is not shared: one GPU or the other computes at any
+# moment, the same layers with the same shapes.
 #
-# **Then why can the split step be faster than one GPU?** Not because of the split. A GPU does not compute at one
-# fixed clock: it raises its SM clock as far as its power draw and temperature allow, and under sustained full
-# load it lowers it. One GPU running steps back to back works without a pause; each GPU of the split rests about
-# half of the time — so it computes at a higher clock while it works. The resting one-GPU measurement isolates
-# exactly that: same GPU, same work, with the split's duty. If it is as fast as the split, the split's gain was
-# the rest, and naive model parallelism itself brings nothing; the clock readings say whether the clock is what
-# changed. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the same
-# duty, or the GPU's power management decides the result.)
+# **Then how can the split step be faster than one GPU?** Sharing no work, the split itself cannot be the reason.
+# A GPU does not compute at one fixed clock: it raises its SM clock as far as its power draw and temperature
+# allow, and lowers it under sustained full load. One GPU running steps back to back works without a pause; each
+# GPU of the split rests while the other works, so it may compute at a higher clock. The resting one-GPU
+# measurement isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second
+# verdict), the split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether
+# the clock is what changed. (The same effect lurks in every comparison of a busy GPU with a less busy one:
+# compare at the same duty, or the GPU's power management decides the result.)
 #
-# Naive model parallelism lets a model that does not fit one GPU run at all; it does not make the work faster.
+# Naive model parallelism lets a model that does not fit one GPU run at all; sharing no work, it cannot make the
+# work itself faster.
 
 # %% [markdown]
 # ## 2 · The same split across ranks: send and recv
@@ -390,17 +391,17 @@ print(f"your predictions at m = 8: bubble {my_prediction_bubble_m8}, speedup {my
 claims.show(bubble_verdicts(B))
 
 # %% [markdown]
-# **What the numbers say.** The bubble formula holds while each micro-batch is large: the stages' own times
-# and the transfers change little. As m grows, the per-micro-batch costs that the formula leaves out grow with
-# it — stage imbalance and transfers enter every one of the m + p − 1 slots — and the host has to issue ever
-# shorter operations in time. The verdicts above say up to which m the plain formula is enough, and whether the
-# schedule with the measured parts accounts for the rest.
+# **What the numbers say.** With few, large micro-batches the per-micro-batch costs that the formula leaves out
+# are small next to each forward and backward. As m grows they grow with it — stage imbalance and transfers
+# enter every one of the m + p − 1 slots — and the host has to issue ever shorter operations in time. The
+# verdicts above say up to which m the plain formula is enough, and whether the schedule with the measured parts
+# accounts for the rest.
 #
 # The bubble is only half of the story of the step time. Smaller micro-batches run the same matrix multiplies
-# on fewer rows, which keeps the GPU less busy per operation: each stage's *compute* per step grows with m
-# (printed above; it counts as busy time, so it does not show in the bubble). That is why the step time falls
-# short of the ideal speedup p·m/(m+p−1) even where the bubble matches: more micro-batches shrink the bubble but
-# cost compute efficiency, and the best m balances the two.
+# on fewer rows, which can keep the GPU less busy per operation; then each stage's *compute* per step grows with
+# m (printed above and judged by the last verdict; it counts as busy time, so it does not show in the bubble),
+# and the step time falls short of the ideal speedup p·m/(m+p−1) even where the bubble matches: more
+# micro-batches shrink the bubble but cost compute, and the best m balances the two.
 #
 # ### What crosses the link, and what it costs
 # The source's claim is about traffic. Per step and per stage boundary the pipeline sends the activation
@@ -425,13 +426,12 @@ display(pd.DataFrame({"message": [bandwidth.format_size(s) for s in p2p["size_by
 claims.show(traffic_verdicts(B))
 
 # %% [markdown]
-# **Verdict on "only pass the necessary features".** In bytes, the claim holds for this model when the verdict
-# above says so: the activations are a fraction of what data parallelism moves, and over NVLink their transfer is
-# a small share of the step even if none of it overlapped compute. But the claim leaves out the price: the GPUs
-# wait for each other. Without micro-batches (part 1) model parallelism is no faster than one GPU at the same
-# duty; the traffic saving only pays off once a pipeline keeps every stage busy. (The ratio depends on the
-# shapes: activations scale with rows × hidden, parameters with hidden² × layers — a huge batch with a narrow
-# model reverses it.)
+# **Verdict on "only pass the necessary features".** The two verdicts above judge the claim in bytes (the
+# activations against what data parallelism would move) and in time (their transfer against the step, counted as
+# if none of it overlapped compute). What the claim leaves out is the price: the GPUs wait for each other.
+# Without micro-batches (part 1) each GPU idles while the other works; the traffic saving only pays off once a
+# pipeline keeps every stage busy. (The byte ratio depends on the shapes: activations scale with rows × hidden,
+# parameters with hidden² × layers — a huge batch with a narrow model reverses it.)
 #
 # The messages are recorded for lab 06, which predicts their times from the alpha–beta fits of the benchmark:
 
@@ -520,9 +520,9 @@ if mem["one micro-batch kept"][0] is not None:
 # %% [markdown]
 # **What the memory says.** GPipe keeps every micro-batch's activations until the backward starts, so its peak
 # grows with m on every stage; 1F1B starts backwards early and caps stage s at p − s micro-batches (the last
-# stage: one) — the same bubble for less memory, which is why Megatron-LM trains with it. Once the activations
-# held are few, the backward's own needs — a weight-sized temporary per weight being accumulated — are a large
-# part of the peak: a prediction that counts only activations is off by that much.
+# stage: one) — the same bubble for less memory, which is why Megatron-LM trains with it. The fewer activations a
+# stage holds, the larger the share of its peak that the backward's own needs take — a weight-sized temporary per
+# weight being accumulated — and a prediction that counts only activations misses them.
 #
 # ### Exercise 2: the 1F1B loop
 # Write `my_1f1b_step`, with the contract of `gpipe_step` (no `span` needed): stage s runs min(m, p − s)
@@ -583,12 +583,13 @@ claims.table(CLAIMS["04_naive_one_process"](nd) + CLAIMS["04_pipeline_bench"](B)
 # %% [markdown]
 # * Splitting a model over GPUs computes exactly the same thing (checked to float64 precision, forward and
 #   backward, in one process and across ranks), and the only traffic is one activation and its gradient.
-# * Without micro-batches each GPU waits for the others; a split that looks faster than one GPU is a GPU that
-#   rests — compare at the same duty. GPipe's micro-batches shrink the idle share to (p−1)/(m+p−1) plus what the
-#   stages' imbalance, the transfers and the host add per micro-batch; smaller micro-batches also compute less
-#   efficiently.
+# * Without micro-batches each GPU waits for the others. A GPU's clock depends on how much it rests, so a split
+#   is compared with one GPU at the same duty. GPipe's micro-batches shrink the idle share toward (p−1)/(m+p−1);
+#   the stages' imbalance, the transfers and the host add to it per micro-batch, and smaller micro-batches change
+#   how much compute each step costs.
 # * `torch.distributed.pipelining` runs the same loop (GPipe, 1F1B) and gives the same gradients; 1F1B keeps the
-#   bubble and caps the activations held, and a stage's peak is what it holds plus one backward's needs.
+#   bubble and caps the activations held; the memory verdict says whether held activations plus one backward's
+#   needs account for each stage's peak.
 #
 # **Next:** lab 05 makes ranks fail and hang on purpose — the source's isend/irecv pattern among them — and
 # reads what NCCL and `torch.distributed` report.

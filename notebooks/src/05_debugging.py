@@ -179,8 +179,9 @@ for r, rec in flight.items():
 # | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | on an error or timeout: 1 = abort the communicators, then kill the process (labutils' choice); 3 = kill without aborting (torch's default); 2 = abort only; 0 = nothing |
 # | `TORCH_NCCL_BLOCKING_WAIT=1` | `wait()` raises `DistBackendError` after the timeout in *your* thread, instead of the watchdog killing the process |
 # | `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` | on a timeout, write each rank's flight recorder to `<prefix><rank>` |
-# | `TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC` | how long the timed-out rank waits for its dump before the watchdog aborts it |
-# | `TORCH_INCLUDE_STACK_TRACE=0` | dump without the Python stacks of each collective (symbolising them is what makes a dump slow) |
+# | `TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC` | how long a dump may take; the timed-out rank's watchdog sleeps a multiple of it before it aborts, so that every rank has time to dump |
+# | `TORCH_NCCL_COORD_CHECK_MILSEC` | how often each rank looks in the store for another rank's "dump now" |
+# | `TORCH_INCLUDE_STACK_TRACE=0` | dump without the Python stack of each collective (symbolising stacks takes time) |
 # | `TORCH_FR_BUFFER_SIZE` (older: `TORCH_NCCL_TRACE_BUFFER_SIZE`) | how many collectives the flight recorder keeps (0 = off) |
 # | `TORCH_NCCL_ENABLE_MONITORING`, `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` | a monitor thread kills the process if the watchdog itself is stuck |
 # | `TORCH_DISTRIBUTED_DEBUG=DETAIL` | fingerprint check before every collective (section 4) |
@@ -208,7 +209,7 @@ def torch_timeout_demo(backend):
     """Run the demo on `backend`; what the error said, how long it took, and the flight-recorder dumps."""
     prefix = tempfile.mkdtemp(prefix="fr-") + "/rank_"
     env = {**FR_ENV, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "5000",
+           "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1000",
            "TORCH_INCLUDE_STACK_TRACE": "0", "TORCH_NCCL_COORD_CHECK_MILSEC": "100"}
     t0 = time.perf_counter()
     try:
@@ -521,9 +522,10 @@ claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
 # **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
 # process-group timeout expired"*. Under NCCL the rank is killed by SIGABRT: labutils still names it and quotes
 # its last words (the watchdog's *"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
-# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The time to that error is the timeout, plus
-# what the watchdog does before it aborts (it logs the collective's stack, signals the other ranks through the
-# store, waits for its dump). The dump files are what you would collect from every node of a real job;
+# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The time to that error is the start-up and
+# the timeout, plus what the watchdog does before it aborts: it logs the collective's stack, signals the other
+# ranks through the store, and sleeps so that every rank can write its dump (the settings above keep that
+# short here; a real job should leave the dumps time). The dump files are what you would collect from every node of a real job;
 # `python -m torch.distributed.flight_recorder.fr_trace <dir>` is torch's own analyser for them, and
 # `debugging.first_divergence` does the essential part of it. gloo writes no dump on a timeout — but
 # `RankTimeout.flight` (section 2) gets the same records by asking the live ranks.
