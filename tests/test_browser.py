@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
@@ -39,7 +40,8 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 # JupyterLab settings for the test's server only: no news/update toasts over the notebook
 SETTING_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
                                                                      "checkForUpdates": False},
-                     # cells' execution times in the saved notebook: the test prints the slowest
+                     # each cell's execution times in the saved notebook: proof that it ran now (the
+                     # committed copy has outputs and counts already), and the slowest cells are printed
                      "@jupyterlab/notebook-extension:tracker": {"recordTiming": True}}
 MARKER = "LABUTILS_BROWSER_TEST"     # set in the server's environment: its kernels and ranks inherit it
 LAB_TIMEOUT_S = 600                  # one lab's Run All: tens of seconds on 2 idle cores, minutes under load
@@ -227,10 +229,11 @@ def _run_all_and_wait(lab: dict, name: str) -> float:
     t0 = time.monotonic()
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-    deadline, quiet_since = t0 + LAB_TIMEOUT_S, None
+    deadline, started, quiet_since = t0 + LAB_TIMEOUT_S, False, None
     while time.monotonic() < deadline:   # done: nothing running or queued, kernel idle, for 2 s in a row
-        idle = (page.evaluate(RUNNING_OR_QUEUED) == 0 and
-                page.locator(".jp-StatusBar-TextItem", has_text="| Idle").count() > 0)
+        queued = page.evaluate(RUNNING_OR_QUEUED)
+        started = started or queued > 0 or time.monotonic() - t0 > 10
+        idle = started and queued == 0 and page.locator(".jp-StatusBar-TextItem", has_text="| Idle").count() > 0
         quiet_since = (quiet_since or time.monotonic()) if idle else None
         if quiet_since and time.monotonic() - quiet_since > 2:
             return time.monotonic() - t0
@@ -249,17 +252,19 @@ def _save(lab: dict, name: str) -> dict:
     return json.loads((lab["root"] / f"{name}.ipynb").read_text())
 
 
+def _timing(cell: dict) -> tuple[datetime, float] | None:
+    """When the cell started running and for how long (JupyterLab's recordTiming), or None."""
+    t = cell.get("metadata", {}).get("execution", {})
+    if "iopub.status.busy" not in t or "shell.execute_reply" not in t:
+        return None
+    start, end = (datetime.fromisoformat(t[k].replace("Z", "+00:00")) for k in ("iopub.status.busy",
+                                                                                "shell.execute_reply"))
+    return start, (end - start).total_seconds()
+
+
 def _print_slowest(nb: dict) -> None:
-    from datetime import datetime
-    rows = []
-    for i, c in enumerate(nb["cells"]):
-        t = c.get("metadata", {}).get("execution", {})
-        if "iopub.status.busy" in t and "shell.execute_reply" in t:
-            d = (datetime.fromisoformat(t["shell.execute_reply"].rstrip("Z"))
-                 - datetime.fromisoformat(t["iopub.status.busy"].rstrip("Z"))).total_seconds()
-            rows.append((d, i, t["iopub.status.busy"]))
-    for d, i, start in sorted(rows)[-6:]:
-        print(f"   cell {i}: {d:.1f} s (from {start})")
+    rows = sorted((t[1], i) for i, c in enumerate(nb["cells"]) if (t := _timing(c)))
+    print("   slowest cells: " + ", ".join(f"[{i}] {secs:.1f} s" for secs, i in rows[::-1][:5]))
 
 
 def _screenshot(lab: dict, what: str) -> Path:
@@ -269,15 +274,16 @@ def _screenshot(lab: dict, what: str) -> Path:
     return path
 
 
-def _check_run(lab: dict, name: str, nb: dict) -> None:
-    """Every code cell ran; errors only where the lab makes them on purpose; plots are images."""
+def _check_run(lab: dict, name: str, nb: dict, since: datetime) -> None:
+    """Every code cell ran now; errors only where the lab makes them on purpose; plots are images."""
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    not_run = [i for i, c in enumerate(code) if c["execution_count"] is None and c["source"]]
+    not_run = [i for i, c in enumerate(code) if "".join(c["source"]).strip()
+               and not ((t := _timing(c)) and t[0] >= since)]
     errors = [(c.get("metadata", {}).get("tags", []), "\n".join(o.get("traceback", []))[-2000:])
               for c in code for o in c["outputs"] if o["output_type"] == "error"]
     unexpected = [tb for tags, tb in errors if "raises-exception" not in tags]
     assert not unexpected, f"{name}: error output in a cell not tagged raises-exception:\n{unexpected[0]}"
-    assert not not_run, f"{name}: code cells {not_run} did not run"
+    assert not not_run, f"{name}: code cells {not_run} (of {len(code)}) did not run"
     pngs = sum("image/png" in o.get("data", {}) for c in code for o in c["outputs"])
     widths = lab["page"].evaluate(f"""() => [...document.querySelectorAll('{NOTEBOOK} .jp-OutputArea-output img')]
         .filter(i => i.src.startsWith('data:image/png')).map(i => i.naturalWidth)""")
@@ -291,12 +297,13 @@ def test_lab_runs_in_jupyterlab(lab, name):
     _open(lab, name)
     if name == "04_pipeline":
         _saved_widgets_render(lab)
+    since = datetime.now(timezone.utc)
     secs = _run_all_and_wait(lab, name)
     print(f"{name}: Run All Cells took {secs:.1f} s")
     nb = _save(lab, name)
     _print_slowest(nb)
     try:
-        _check_run(lab, name, nb)
+        _check_run(lab, name, nb, since)
     except AssertionError:
         _screenshot(lab, f"{name}-failed")
         raise

@@ -114,8 +114,8 @@ def test_refuses_to_overwrite_edited_copies(course, tmp_path, monkeypatch, capsy
     ws.make_workspace(dest, src=course)
     _nb(dest / "01_comm.ipynb", "my edit")
     _nb(course / "02_new.ipynb", "new")
-    with pytest.raises(ws.WorkspaceError, match=r"copies you edited: 01_comm.ipynb\. Nothing was changed\. "
-                                                r"HINT: `--update`.*`--force`.*another DIR"):
+    with pytest.raises(ws.WorkspaceError, match=r"copies you changed \(edited or ran\): 01_comm.ipynb\. "
+                                                r"Nothing was changed\. HINT: `--update`.*`--force`.*another DIR"):
         ws.make_workspace(dest, src=course)
     assert not (dest / "02_new.ipynb").exists() and "my edit" in (dest / "01_comm.ipynb").read_text()
     monkeypatch.setattr(ws, "course_notebooks", lambda: course)                 # the same through the CLI

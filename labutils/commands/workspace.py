@@ -168,9 +168,9 @@ def make_workspace(dest: Path, *, update: bool = False, force: bool = False,
     todo = plan(src, dest)
     if todo["edited"] and not (update or force):
         listed = ", ".join(todo["edited"])
-        raise WorkspaceError(f"{dest} holds copies you edited: {listed}. Nothing was changed. HINT: "
-                             f"`--update` adds new labs and keeps your edits; `--force` overwrites them "
-                             f"(your edits are lost); or choose another DIR.")
+        raise WorkspaceError(f"{dest} holds copies you changed (edited or ran): {listed}. Nothing was "
+                             f"changed. HINT: `--update` adds new labs and keeps your changes; `--force` "
+                             f"overwrites them (your changes are lost); or choose another DIR.")
     copy = todo["new"] + todo["outdated"] + (todo["edited"] if force else [])
     (dest / "recorded").mkdir(parents=True, exist_ok=True)
     manifest = _read_manifest(dest) or {}
@@ -181,7 +181,7 @@ def make_workspace(dest: Path, *, update: bool = False, force: bool = False,
     (dest / MANIFEST).write_text(json.dumps({"files": manifest}, indent=1, sort_keys=True) + "\n")
     if not (dest / ".gitignore").exists():
         (dest / ".gitignore").write_text(GITIGNORE_TEXT)
-    why = _trust([dest / rel for rel in copy if rel.endswith(".ipynb")])
+    why = _trust([dest / rel for rel in copy + todo["same"] if rel.endswith(".ipynb")])
     return {**todo, "copied": copy, "trust_error": [why] if why else []}
 
 
