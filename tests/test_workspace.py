@@ -5,8 +5,8 @@ import subprocess
 import pytest
 
 from labutils import recorded
-from labutils.commands import run_labs as runlabs
 from labutils.__main__ import main
+from labutils.commands import run_labs
 from labutils.commands import workspace as ws
 
 
@@ -175,9 +175,9 @@ def test_real_course_runs_from_the_workspace(tmp_path, monkeypatch):
     src = ws.course_notebooks()
     dest = tmp_path / "my-labs"
     res = ws.make_workspace(dest)
-    assert [r for r in res["copied"] if r.endswith(".ipynb")] == [p.name for p in runlabs.find_labs(src, [])]
+    assert [r for r in res["copied"] if r.endswith(".ipynb")] == [p.name for p in run_labs.find_labs(src, [])]
     assert not (dest / "sanitize.cfg").exists()
-    assert [p.name for p in runlabs.find_labs(dest, [])] == [p.name for p in runlabs.find_labs(src, [])]
+    assert [p.name for p in run_labs.find_labs(dest, [])] == [p.name for p in run_labs.find_labs(src, [])]
     monkeypatch.chdir(dest)                     # JupyterLab and run-labs start kernels in the notebook's folder
     assert recorded.recorded_dir() == dest / "recorded"
     name = sorted((src / "recorded").glob("*.json"))[0].stem
