@@ -3,6 +3,7 @@
     python -m labutils hw                      # describe this machine
     python -m labutils run-labs [--inplace]    # execute every lab headless, print a summary table
     python -m labutils bench [...]             # nccl-tests-style collective benchmark
+    python -m labutils workspace [DIR]         # your own copy of the labs to edit (default ./my-labs)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ COMMANDS = {
     "hw": ("labutils.commands.hw", "describe this machine (GPUs, links, versions, fingerprint)"),
     "run-labs": ("labutils.commands.run_labs", "execute the lab notebooks headless and print a summary"),
     "bench": ("labutils.commands.bench", "benchmark collectives like nccl-tests (table, CSV/JSON, plot)"),
+    "workspace": ("labutils.commands.workspace", "copy the labs into your own working folder (default ./my-labs)"),
 }
 
 
