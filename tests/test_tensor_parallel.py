@@ -336,6 +336,8 @@ def test_source_verdict_on_a_timeout_and_on_success():
 def test_tp_verdicts_use_the_kernel_times_when_recorded():
     coll = json.loads((RECORDED / "02_collectives.json").read_text())["data"]
     tp = json.loads((RECORDED / "02_tp_mlp.json").read_text())["data"]
+    for r in tp["rows"]:   # as an older recording without the profiled kernel times
+        r.pop("allreduce_fwd_kernel_ms", None)
     base = len(tp_verdicts(coll, tp))
     for r in tp["rows"]:
         r.update(allreduce_fwd_kernel_ms=r["allreduce_bytes"] / 330e6, allreduce_fwd_ms=2 * r["allreduce_bytes"] / 330e6)

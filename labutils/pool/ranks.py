@@ -115,8 +115,9 @@ class Ranks:
 
     def _wait_ready(self, server: protocol.ControlServer, deadline: float, start_timeout_s: float) -> None:
         waiting = set(range(self.world_size))
-        while waiting:
-            for rank, kind, _, body in self.pump(0.1, server):
+
+        def read(timeout_s: float) -> None:
+            for rank, kind, _, body in self.pump(timeout_s, server):
                 if kind == "ready":
                     waiting.discard(rank)
                     self.devices[rank] = pickle.loads(body)
@@ -124,8 +125,14 @@ class Ranks:
                     info = pickle.loads(body)
                     raise RankError(rank, exc_type=info["exc_type"], remote_message=info["message"],
                                     traceback=info["traceback"], hint=START_HINT)
+
+        while waiting:
+            read(0.1)
             dead = {r: c for r, c in self.dead().items() if r in waiting}
             if dead:
+                # a rank that reported its error and then exited: its report says more than its exit code
+                for _ in range(3):
+                    read(0.1)
                 r = min(dead)
                 lines = self.collect_output()
                 tail = "".join(t for rr, t in lines if rr == r).splitlines()[-20:]
