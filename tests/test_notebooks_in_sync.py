@@ -26,3 +26,57 @@ def test_structure(path):
     checked = [c for c in code if not {"nbval-ignore-output", "nbval-skip"} & set(c.metadata.get("tags", []))
                and c.get("outputs")]
     assert len(checked) >= 2, "each notebook keeps checked cells that prove correctness"
+
+
+# ---- time: one study time in the notebook and the README; run times that the recorded run bears out ----
+import re  # noqa: E402
+
+TIME_LINE = re.compile(r"\*\*Time:\*\*\s*(\d+)\s*min of study")
+RUN_2XH200 = re.compile(r"(about|under)\s+(\d+)\s*(s|min)\w*\s+to run on 2×H200")
+
+
+def _time_line(path) -> str:
+    first = nbformat.read(path, as_version=4).cells[0].source
+    m = re.search(r"\*\*Time:\*\*.*?(?:\n\s*\n|\Z)", first, re.S)
+    assert m, f"{path.name}: the title cell has no '**Time:** N min of study; ...' line"
+    return " ".join(m.group(0).split())
+
+
+def _readme_study_minutes() -> dict:
+    rows = re.findall(r"^\| \[(\d\d) · .*\| (\d+) min \|$", (ROOT / "README.md").read_text(), re.M)
+    return {lab: int(minutes) for lab, minutes in rows}
+
+
+def _recorded_seconds() -> dict:
+    text = (ROOT / "benchmarks" / "course_2xH200.txt").read_text()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\d\d)_\S+\s+multi-gpu\s+ok\s+([\d.]+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_time_line_starts_with_the_readme_study_time(path):
+    line = _time_line(path)
+    m = TIME_LINE.match(line)
+    assert m, f"{path.name}: the Time line must start with the study time: {line[:80]!r}"
+    readme = _readme_study_minutes()
+    assert readme.get(path.stem[:2]) == int(m.group(1)), (
+        f"{path.name} says {m.group(1)} min of study, README's syllabus {readme.get(path.stem[:2])}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stated_run_time_on_2xh200_agrees_with_the_recorded_run(path):
+    """'about S s' within 25% of benchmarks/course_2xH200.txt, 'under N s/min' at least that long."""
+    m = RUN_2XH200.search(_time_line(path))
+    assert m, f"{path.name}: the Time line must say how long the lab runs on 2×H200 ('about S s to run on 2×H200')"
+    recorded = _recorded_seconds().get(path.stem[:2])
+    assert recorded is not None, f"benchmarks/course_2xH200.txt has no successful run of {path.stem}"
+    stated = float(m.group(2)) * (60 if m.group(3) == "min" else 1)
+    if m.group(1) == "about":
+        assert abs(recorded / stated - 1) <= 0.25, f"{path.name}: 'about {stated:g} s', recorded {recorded:g} s"
+    else:
+        assert recorded <= stated, f"{path.name}: 'under {stated:g} s', recorded {recorded:g} s"
+
+
+def test_time_checks_can_fail():
+    assert RUN_2XH200.search("about 30 s to run on 2×H200").groups() == ("about", "30", "s")
+    assert RUN_2XH200.search("under a minute") is None
+    assert TIME_LINE.match("**Time:** 45 min of study (two exercises)").group(1) == "45"
