@@ -19,7 +19,7 @@ from labutils import bandwidth
 from labutils.bench import config as bconfig
 from labutils.checks import ExerciseError
 from labutils.checks import lab06 as check
-from labutils.labs.lab06_capstone import analysis, claims as lab_claims, record, trace
+from labutils.labs.lab06_capstone import analysis, claims as lab_claims, p2p_channels, record, trace
 from labutils.labs.lab06_capstone.claims import CLAIMS
 from labutils.solutions import lab06 as solution
 
@@ -140,8 +140,34 @@ def test_sweep_graph_and_duplex_verdicts_follow_their_thresholds():
         "an 8-byte all_reduce replayed from a CUDA graph takes at most 15 us"] == "FALSE"
     duplex = CLAIMS[("06_bench_sweep", "06_bench_graph")]
     v = [x.verdict for x in duplex(_sweep(2.0, 1.1), _sweep(1.05))]
-    assert v == ["TRUE", "TRUE", "TRUE"]
-    assert [x.verdict for x in duplex(_sweep(1.2, 1.4), _sweep(1.6))] == ["FALSE", "FALSE", "FALSE"]
+    assert v == ["TRUE", "TRUE"]
+    assert [x.verdict for x in duplex(_sweep(1.2, 1.4), _sweep(1.6))] == ["FALSE", "FALSE"]
+
+
+def _large(ratios, first=2**26):
+    """A dense sweep of the two p2p forms from ``first`` in steps of 2, send_recv = ratio x send_one_way."""
+    rows = []
+    for k, r in enumerate(ratios):
+        s = first * 2**k
+        one = 20 + s / 360e3
+        rows += [{**_row("send_one_way", s, one), "iters": 5, "repeat": 5},
+                 {**_row("send_recv", s, one * r), "iters": 5, "repeat": 5}]
+    cfg = bconfig.BenchConfig(minbytes=first, maxbytes=first * 2**(len(ratios) - 1),
+                              collectives=("send_recv", "send_one_way"), latency=False, bare=False).to_dict()
+    meta = {"world_size": 2, "backend": "nccl", "config": cfg, "nodes": 1, "torch_version": "x", "devices": []}
+    return {"meta": meta, "mode": "eager", "latency": None, "graph_latency": None, "rows": rows, "elapsed_s": 1.0}
+
+
+def test_large_duplex_verdicts_judge_the_middle_and_the_largest_size():
+    large = CLAIMS["06_duplex"]
+    v = large(_large([1.31, 1.25, 1.21, 1.05, 1.04]))
+    assert [x.verdict for x in v] == ["TRUE", "TRUE"]
+    assert v[0].claim.startswith("from 64 MiB to 256 MiB") and "median 1.25 over 3 sizes" in v[0].figure
+    assert "1 GiB 1.04" in v[0].figure and v[1].claim.startswith("the link is full duplex: at 1 GiB")
+    assert [x.verdict for x in large(_large([1.05, 1.04, 1.02, 1.3, 1.4]))] == ["FALSE", "FALSE"]
+    assert [x.verdict for x in large(_large([1.12, 1.11]))] == ["FALSE"]   # no size is a quarter of the largest
+    assert large(_large([1.0])) == [] and large(_sweep()) != []           # one size: nothing to judge
+    assert lab_claims.middle_sizes([(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0)]) == [(1, 1.0), (2, 1.0)]
 
 
 def test_alpha_and_capture_verdicts_follow_their_thresholds():
@@ -149,10 +175,23 @@ def test_alpha_and_capture_verdicts_follow_their_thresholds():
                                     {"eager_us": eager, "host_us": host, "cpu_op_us": [90], "kernel_us": [50, 50, 50]}]
     assert [v.verdict for v in CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": ranks(50, 45, 5)})] == ["TRUE", "TRUE"]
     assert [v.verdict for v in CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": ranks(50, 20, 30)})] == ["FALSE", "FALSE"]
+    after = lambda us: [{**r, "eager_after_us": us} for r in ranks(50, 45, 5)]
+    v = CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": after(55.0)})
+    assert [x.verdict for x in v] == ["TRUE", "TRUE", "TRUE"] and "50.0 us per call before the profiler" in v[2].figure
+    assert CLAIMS["06_alpha_split"]({"size_bytes": 8, "ranks": after(90.0)})[2].verdict == "FALSE"
+    partly = after(55.0)
+    del partly[1]["eager_after_us"]   # measured on one rank only: not judged
+    assert analysis.alpha_split(partly)["eager_after_us"] is None
     cap = {"size_bytes": 8, "calls": 50, "replays": 10, "correct": [True, True], "eager_us": 50.0, "graph_us": 12.0}
     assert [v.verdict for v in CLAIMS["06_graph_capture"](cap)] == ["TRUE", "TRUE"]
     assert [v.verdict for v in CLAIMS["06_graph_capture"]({**cap, "correct": [True, False], "graph_us": 30.0})] == \
         ["FALSE", "FALSE"]
+    # with the eager loop timed before the capture: the graph is judged against it, and the capture's leftover
+    v = CLAIMS["06_graph_capture"]({**cap, "eager_before_us": 40.0, "eager_us": 75.0, "graph_us": 16.0})
+    assert [x.verdict for x in v] == ["TRUE", "TRUE", "FALSE"]
+    assert "40.0 us eager right before the capture" in v[1].figure and "75.0 us after it" in v[2].figure
+    v = CLAIMS["06_graph_capture"]({**cap, "eager_before_us": 30.0, "eager_us": 31.0, "graph_us": 16.0})
+    assert [x.verdict for x in v] == ["TRUE", "FALSE", "TRUE"]
 
 
 def test_lab_predictions_judge_the_median_ratio():
@@ -184,6 +223,31 @@ def test_verdicts_work_on_the_committed_recordings():
             out = fn(*[json.loads(p.read_text())["data"] for p in paths])
             assert all(v.line().startswith("VERDICT") for v in out), key
     assert lab_claims.both_over_one_way(lab_claims.sweep_doc(_sweep(2.0, 1.1)))[0] == (8, pytest.approx(2.0))
+
+
+# ----------------------------------------------------------------------------- NCCL's p2p rules
+LOG = """[rank 0] vm:1:1 [0] NCCL INFO P2P Chunksize set to 524288
+[rank 0] vm:1:1 [0] NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer
+[rank 0] vm:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0
+"""
+
+
+def test_nccl_p2p_rules_follow_the_source():
+    params = p2p_channels.from_nccl_log(LOG)
+    assert params == {"p2p_channels": 32, "per_peer": 32, "chunk_bytes": 2**19, "n_ranks": 2, "n_nodes": 1}
+    assert p2p_channels.from_nccl_log(LOG.replace("P2P Chunksize", "chunk")) is None
+    # 2 ranks: 16 channels (32 per peer halved to fit 2 x 16 into 32), doubled once a part exceeds 32 x 512 KiB
+    ch = {s: p2p_channels.channels(s, **params) for s in (2**16, 2**19, 2**20, 2**28, 2**28 + 1, 2**29, 2**30, 2**31)}
+    assert ch == {2**16: 1, 2**19: 8, 2**20: 16, 2**28: 16, 2**28 + 1: 32, 2**29: 32, 2**30: 32, 2**31: 32}
+    four = {**params, "n_ranks": 4}   # 8 to start with; 1 GiB needs 32 (parts of 32 MiB)
+    assert p2p_channels.channels(2**27, **four) == 8 and p2p_channels.channels(2**30, **four) == 32
+    nodes = {**params, "n_nodes": 2}  # between nodes a part holds one chunk at most
+    assert p2p_channels.channels(2**20, **nodes) == 4 and p2p_channels.channels(2**30, **nodes) == 32
+    assert (p2p_channels.sending_warps(16, True), p2p_channels.sending_warps(16, False)) == (160, 304)
+    with pytest.raises(ValueError, match="positive.*HINT"):
+        p2p_channels.channels(0, **params)
+    committed = json.loads((RECORDED / "05_nccl_debug_info.json").read_text())["data"]["log"]
+    assert p2p_channels.from_nccl_log(committed) is not None   # lab 05's recording has what lab 06 reads
 
 
 # ----------------------------------------------------------------------------- exercises

@@ -8,17 +8,19 @@
 #    remove the host's part with a CUDA graph, following the rules a captured collective needs.
 # 3. Fit the alpha–beta model per collective, predict the communication of labs 02 and 04 with the fit that
 #    matches how each moves its data, and find with a profiler trace where the remaining difference goes.
+# 4. Compare an exchange in both directions with a one-way send across sizes, and explain the difference from
+#    how NCCL runs them.
 #
 # **GPUs needed for the live path:** 2 (or more). With fewer, the correctness checks and the exercises run live
 # on gloo ranks, and the measurements are the ones recorded on 2×H200 by this notebook's own code, labelled
 # **RECORDED**.
 #
-# **Time:** 50 min of study (two exercises); about 20 s to run on 2×H200, about 30 s on a 2-core CPU.
+# **Time:** 50 min of study (two exercises); about 25 s to run on 2×H200, about 30 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
-# The first cell describes the machine and starts the ranks every part of the lab uses (one `RankPool`:
-# NCCL with one GPU per rank, or gloo on CPU); its output depends on the hardware.
+# The first cell starts the ranks every part of the lab uses (one `RankPool`: NCCL with one GPU per rank, or
+# gloo on CPU) and, while they start, describes the machine; its output depends on the hardware.
 
 # %% tags=["nbval-ignore-output"]
 import math
@@ -37,15 +39,15 @@ from labutils.bench import analysis, ops, report, sweep
 from labutils.bench.config import FORMS, BenchConfig
 from labutils.checks import lab06 as check
 from labutils.config import rank_device
-from labutils.labs.lab06_capstone import analysis as lab_analysis, trace
-from labutils.labs.lab06_capstone.claims import CLAIMS, both_over_one_way, has_transfer_times, lab_predictions
+from labutils.labs.lab06_capstone import analysis as lab_analysis, p2p_channels, trace
+from labutils.labs.lab06_capstone.claims import CLAIMS, has_transfer_times, lab_predictions
 from labutils.labs.lab06_capstone.record import measurement
 
-HW = hw.describe()
-MODE = HW.mode                                        # "multi-gpu", "single-gpu" or "cpu"
+MODE = hw.detect_mode()                               # "multi-gpu", "single-gpu" or "cpu"
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"   # the lab's ranks: one GPU each, else CPU tensors
 labutils.default_config()
-POOL = labutils.RankPool(backend=BACKEND, output="quiet")   # started once, used by every part
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)  # starts in the background; every part uses it
+HW = hw.describe()                                          # meanwhile: GPUs, links, versions
 TRACES = Path("traces").resolve()                           # profiler traces (live runs), for Perfetto
 VERDICTS = []                                               # every verdict of the lab, for the summary
 HW
@@ -140,10 +142,12 @@ my_prediction_latency_us = None  # ✍ time of an 8-byte all_reduce, in µs
 # lab's ranks on ≥ 2 GPUs (the table's last line says how long it took); elsewhere the recording made by this
 # cell on 2×H200 is shown, labelled. Below 1 MiB each sample holds 100 calls: a sample starts after a barrier,
 # and its first call waits for the other ranks to arrive — spread over 100 calls that start is a small part
-# of the per-call time (the latency line measures it: "per-sample start").
+# of the per-call time (the latency line measures it: "per-sample start"). Each point is the median of five
+# samples, as in `python -m labutils bench`: one or two samples slowed by something else on the machine do not
+# move it (each point's p10 and p90 are in the recording).
 
 # %% tags=["nbval-ignore-output"]
-SWEEP_CFG = BenchConfig(minbytes=8, maxbytes=512 * 2**20, stepfactor=4, repeat=3)
+SWEEP_CFG = BenchConfig(minbytes=8, maxbytes=512 * 2**20, stepfactor=4, repeat=5)
 
 
 def measure_sweep():
@@ -196,9 +200,17 @@ print(f"[{SWEEP.label}]")
 
 # %% tags=["nbval-ignore-output"]
 FITS = analysis.fits(DOC)
+
+
+def largest_miss_at(coll, fit):
+    """The size at which the fit is furthest from the measured time (relative)."""
+    return format_size(max(analysis.primary_rows(DOC, coll), key=lambda r: abs(
+        fit.predict_ms(r["size_bytes"]) * 1e3 - r["time_us"]) / r["time_us"])["size_bytes"])
+
+
 pd.DataFrame([{"collective": c, "alpha (µs)": f.alpha_us, "beta (GB/s)": f.beta_gbps,
                "bus beta (GB/s)": f.beta_gbps * bandwidth.bus_factor(c, N), "n_1/2": format_size(f.half_bw_bytes),
-               "largest miss": f"{f.max_rel_err:.0%}"} for c, f in FITS.items()]
+               "largest miss": f"{f.max_rel_err:.0%}", "at": largest_miss_at(c, f)} for c, f in FITS.items()]
              ).set_index("collective").round(1).rename_axis(f"fits — {SWEEP.label}")
 
 # %% tags=["nbval-ignore-output"]
@@ -223,8 +235,10 @@ claims.show(V_SWEEP)
 # Two numbers summarise a collective, but not perfectly. NCCL switches protocol (LL, LL128, Simple) and the
 # number of channels with the size, so the real curve is piecewise; and at small sizes the time of a call back
 # to back is the *larger* of what the host needs to issue it and what the GPU needs to run it — a flat line
-# that bends into S/β, not a sum. The largest misses sit where the two meet. For a prediction the fit is a
-# guide inside the measured range, and section 8 shows when it is not enough.
+# that bends into S/β, not a sum, so a sum misses most where the two are alike. The fits table says where each
+# fit misses most: at the bend, that is the model's shape; at a size whose neighbours it fits well, one slow
+# point. For a prediction the fit is a guide inside the measured range, and section 8 shows when it is not
+# enough.
 #
 # ### Exercise 1 · How big must a message be?
 #
@@ -267,7 +281,8 @@ pd.DataFrame(rows).set_index("collective").rename_axis(SWEEP.label)
 # rank that launched last has the shortest kernel — the transfer itself — and every other rank's kernel
 # includes the time it waited for the last one. The function below measures, on each rank, the per-call time
 # back to back (no profiler), the host's time to issue one call (`perf_counter`, no synchronisation, no
-# profiler) and, under the profiler, the CPU op and the NCCL kernel of each call.
+# profiler), under the profiler the CPU op and the NCCL kernel of each call — and, once the profiler has
+# stopped, the per-call time back to back again.
 #
 # **Predict** what share of an 8-byte all_reduce's time is NCCL's kernel:
 
@@ -295,9 +310,10 @@ def profile_small_all_reduce(rank, world_size, trace_dir, calls=30):
             call()
         torch.cuda.synchronize()
     doc = trace.export(prof, Path(trace_dir) / f"06_all_reduce_8B_rank{rank}.json")
+    after = timing.benchmark_collective(call, iters=100, repeat=5)  # the same loop, the profiler stopped
     return {"eager_us": eager.median_us, "host_us": statistics.median(host),
             "cpu_op_us": trace.cpu_op_us(doc, "c10d::allreduce_"),
-            "kernel_us": [k["dur"] for k in trace.nccl_kernels(doc)]}
+            "kernel_us": [k["dur"] for k in trace.nccl_kernels(doc)], "eager_after_us": after.median_us}
 
 
 # %% tags=["nbval-ignore-output"]
@@ -310,6 +326,8 @@ if ALPHA is not None:
              "c10d::allreduce_ CPU op (under the profiler)": a["cpu_op_us"],
              **{f"NCCL kernel on rank {r} (profiler)": k for r, k in enumerate(a["kernel_us"])},
              "transfer: the kernel of the rank that launched last": a["transfer_us"]}
+    if a["eager_after_us"] is not None:  # a recording from before this row existed has no such time
+        split["per call, back to back, after the profiler"] = a["eager_after_us"]
     display(pd.Series(split, name="µs").round(1).to_frame().rename_axis(f"8-byte all_reduce — {ALPHA.label}"))
     if my_prediction_kernel_share is not None:
         print(f"kernel share: {a['device_share']:.0%}; you predicted {my_prediction_kernel_share:.0%}")
@@ -324,9 +342,16 @@ if ALPHA is not None:
 # a call takes at least 80% of the time a call takes. In the trace (the files above, in Perfetto) the host's
 # lane shows one `c10d::allreduce_` per call; the GPU's lane shows each call's NCCL kernel — short on the rank
 # that launched last, longer on a rank that launched earlier and waited — and, between kernels, the time the
-# GPU sat idle until the next launch. Where both verdicts are TRUE, α of a small message is the host's cost of
-# a call rather than a property of NVLink: it then depends on the CPU, on Python, and on how much bookkeeping
-# each call carries.
+# GPU sat idle until the next launch. Where the first two verdicts are TRUE, α of a small message is the host's
+# cost of a call rather than a property of NVLink: it then depends on the CPU, on Python, and on how much
+# bookkeeping each call carries.
+#
+# The third verdict asks whether profiling changed the process. `torch.profiler` reads the GPU's activity
+# through CUPTI, and Kineto, its engine, detaches CUPTI when a session ends only if the environment variable
+# `TEARDOWN_CUPTI` is `1` (`libkineto/src/CuptiActivityApi.cpp`, `cuptiTearDown_`; PyTorch issue #144455
+# reports work slowed after profiling had ended). Its threshold is the benchmark's own: at most 15% more.
+# Where it is FALSE, every later eager call of these ranks carries that cost — the sections below say which of
+# their numbers are measured after the profiler.
 #
 # ## 6 · CUDA graphs: launch once, replay many times
 #
@@ -343,9 +368,9 @@ if ALPHA is not None:
 # 3. **The backend must support capture.** NCCL does; gloo runs on the CPU and has no graphs
 #    (`python -m labutils bench --cuda-graph` says so and stops).
 #
-# The cell below captures 50 all_reduces of 8 bytes and replays them. It uses `MAX`, so that replaying the
-# captured calls many times in place leaves a value that can be checked: the largest of `rank + 1`, the
-# world size. It runs on GPUs only.
+# The cell below times 50 all_reduces of 8 bytes launched eagerly, captures the same 50 and replays them, then
+# times both ways in turn. It uses `MAX`, so that replaying the captured calls many times in place leaves a
+# value that can be checked: the largest of `rank + 1`, the world size. It runs on GPUs only.
 
 # %%
 def graph_all_reduce(rank, world_size, calls=50, replays=10):
@@ -355,6 +380,7 @@ def graph_all_reduce(rank, world_size, calls=50, replays=10):
         for _ in range(k * calls):
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
 
+    before = timing.benchmark_loops({"eager": eager}, warmup=1, iters=replays, repeat=5)["eager"]  # nothing captured yet
     side = torch.cuda.Stream()                            # rule 1: warm up on a side stream
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -377,33 +403,55 @@ def graph_all_reduce(rank, world_size, calls=50, replays=10):
         for _ in range(k):
             graph.replay()
     t = timing.benchmark_loops({"eager": eager, "graph": replay}, warmup=1, iters=replays, repeat=5)
-    return {"correct": correct, "eager_us": t["eager"].median_us / calls, "graph_us": t["graph"].median_us / calls}
+    return {"correct": correct, "eager_before_us": before.median_us / calls,
+            "eager_us": t["eager"].median_us / calls, "graph_us": t["graph"].median_us / calls}
 
 
 def measure_graph_capture():
     res = POOL.run(graph_all_reduce, timeout=120)
     return {"size_bytes": 8, "calls": 50, "replays": 10, "correct": [r["correct"] for r in res],
-            "eager_us": res[0]["eager_us"], "graph_us": res[0]["graph_us"]}
+            "eager_before_us": res[0]["eager_before_us"], "eager_us": res[0]["eager_us"],
+            "graph_us": res[0]["graph_us"]}
 
 
 # %% tags=["nbval-ignore-output"]
 CAPTURE = measurement("06_graph_capture", measure_graph_capture)
 if CAPTURE is not None:
     c = CAPTURE.data
-    print(f"8-byte all_reduce (MAX): eager {c['eager_us']:.1f} µs per call, replayed from the graph "
-          f"{c['graph_us']:.1f} µs per call; right on every rank: {all(c['correct'])}   [{CAPTURE.label}]")
+    a = lab_analysis.alpha_split(ALPHA.data["ranks"]) if ALPHA is not None else {}
+    per_call = {"eager, section 5, before the profiler (SUM, 100 calls a sample)": a.get("eager_us"),
+                "eager, section 5, after the profiler": a.get("eager_after_us"),
+                "eager, this cell, before the capture (MAX, 500 calls a sample)": c.get("eager_before_us"),
+                "eager, this cell, after the capture": c["eager_us"],
+                "replayed from the graph (MAX, 10 replays of 50 calls a sample)": c["graph_us"]}
+    display(pd.Series({k: v for k, v in per_call.items() if v is not None}, name="µs per call").round(1).to_frame()
+            .rename_axis(f"8-byte all_reduce, the same ranks in turn — {CAPTURE.label}"))
+    print(f"replayed all_reduces right on every rank: {all(c['correct'])}")
     V_CAPTURE = CLAIMS["06_graph_capture"](c)
     VERDICTS += V_CAPTURE
     claims.show(V_CAPTURE)
 
 # %% [markdown]
-# "Worth its rules" means at least halving the time per call. The benchmark does the same for every
-# collective and size with `-G N` (nccl-tests' `--cudagraph`): each point's `iters` calls are captured once and
-# replayed N times per sample, and the results are checked after replaying a captured call. Here a graph sweep
-# of all_reduce and the two send/recv forms, 8 B to 128 MiB — section 8 fits the device's time per call from it;
-# the header says what a time is, and the two latency lines
-# put the eager and the replayed 8-byte all_reduce side by side. Their difference is the host's launch; what
-# the replay keeps is the device's time per call — the kernel, and the graph's own launch of it.
+# "Worth its rules" means at least halving the time per call, judged against the same loop launched eagerly
+# in the same process just before the capture: like with like. The table lists every eager time of these
+# ranks in the order they were measured, so a change between them shows. Two things happened to the ranks
+# in between:
+#
+# * **The profiler** of section 5 (its verdict there says whether it left a cost behind).
+# * **The capture.** Once a communicator has captured a collective, NCCL keeps later eager launches ordered
+#   with the graph's: with `NCCL_GRAPH_MIXING_SUPPORT=1`, the default, each eager launch first waits for an
+#   event and records it after (`src/misc/strongstream.cc`, `ncclStrongStreamAcquire` / `Release`, once
+#   `everCaptured` is set). The third verdict times the eager loop again after the capture, with the
+#   benchmark's threshold: at most 15% more.
+#
+# The benchmark does the same for every collective and size with `-G N` (nccl-tests' `--cudagraph`): each
+# point's `iters` calls are captured once and replayed N times per sample, and the results are checked after
+# replaying a captured call. Here a graph sweep of all_reduce and the two send/recv forms, 8 B to 128 MiB —
+# section 8 fits the device's time per call from it; the header says what a time is, and the two latency
+# lines put the eager and the replayed 8-byte all_reduce side by side. Their difference is the host's launch
+# of a call — here in ranks that have run the profiler and captured before, so it includes whatever the
+# verdicts above found those left behind; `python -m labutils bench -G` in fresh ranks (`benchmarks/`) has it
+# without. What the replay keeps is the device's time per call — the kernel, and the graph's own launch of it.
 
 # %% tags=["nbval-ignore-output"]
 GRAPH_CFG = BenchConfig(minbytes=8, maxbytes=128 * 2**20, stepfactor=8, repeat=3, cuda_graph=5,
@@ -425,43 +473,132 @@ if GRAPH is not None:
 #
 # ## 7 · One way or both ways: is NVLink full duplex?
 #
-# An NVLink carries data in both directions at once, each at the full rate. So, the argument goes, a
-# `send_recv` (both directions at the same time) should cost about what a `send_one_way` costs. **Predict**
-# the ratio send_recv / send_one_way for a small message (8 B) and for a large one (512 MiB):
+# An NVLink carries data in both directions at once, each at the full rate; lab 02's path table times the
+# copy engines one way and both ways at once. So, the argument goes, a `send_recv` (both directions at the
+# same time) should cost about what a `send_one_way` costs. **Predict** the ratio send_recv / send_one_way at
+# three sizes:
 
 # %%
-my_prediction_ratio_small = None  # ✍ send_recv time / send_one_way time at 8 B
-my_prediction_ratio_large = None  # ✍ the same at 512 MiB
+my_prediction_ratio_small = None   # ✍ send_recv time / send_one_way time at 8 B
+my_prediction_ratio_middle = None  # ✍ the same at 128 MiB
+my_prediction_ratio_large = None   # ✍ the same at 1 GiB
+
+# %% [markdown]
+# The sweep of section 3 steps by 4, so its large sizes are few. The cell below times the two forms from
+# 64 MiB to 1 GiB in steps of 2, five samples a point — the benchmark of section 1 with
+# `-b 64M -e 1G -f 2 --collectives send_recv,send_one_way --no-bare`, less the 8-byte latency line — on ≥ 2
+# GPUs (up to 256 MiB where a GPU has less than 24 GiB: the sweep holds about five times its largest size per
+# rank); elsewhere the recording this cell made on 2×H200, labelled.
 
 # %% tags=["nbval-ignore-output"]
-eager_ratios = dict(both_over_one_way(DOC))
-graph_ratios = dict(both_over_one_way(GDOC)) if GRAPH is not None else {}
-if eager_ratios:
-    one, both = ({r["size_bytes"]: r["time_us"] for r in analysis.primary_rows(DOC, c)}
-                 for c in ("send_one_way", "send_recv"))
-    display(pd.DataFrame([{"size": format_size(s), "send_one_way (µs)": one[s], "send_recv (µs)": both[s],
-                           "both / one way, eager": eager_ratios[s],
-                           "both / one way, CUDA graph": graph_ratios.get(s)} for s in sorted(eager_ratios)]
-                         ).set_index("size").round(2).rename_axis(SWEEP.label))
+ROOMY = all(g.memory_gib >= 24 for g in HW.gpus)     # room for 1 GiB buffers and their check
+DUPLEX_CFG = BenchConfig(minbytes=64 * 2**20, maxbytes=2**30 if ROOMY else 2**28, stepfactor=2, repeat=5,
+                         collectives=("send_recv", "send_one_way"), latency=False, bare=False)
+DUPLEX = measurement("06_duplex", lambda: POOL.run(sweep.sweep, DUPLEX_CFG, timeout=300)[0])
+if DUPLEX is not None:
+    XDOC = report.make_doc(DUPLEX.data, fingerprint=DUPLEX.fingerprint, command="notebook 06 (-b 64M -e 1G -f 2)",
+                           recorded_at=DUPLEX.recorded_at)
+    print(f"{len(XDOC['rows'])} points, {XDOC['summary']['wrong_total']} wrong elements, "
+          f"{DUPLEX.data['elapsed_s']:.1f} s   [{DUPLEX.label}]")
+
+# %% [markdown]
+# The first table takes the small and middle sizes from the sweeps of sections 3 (eager) and 6 (CUDA graph);
+# the second, the large sizes from the cell above, with the number of channels NCCL gives each message by the
+# rule its source uses (explained below) where this machine's NCCL start-up log is recorded (lab 05).
+
+# %% tags=["nbval-ignore-output"]
+def one_and_both(doc):
+    """{size: (send_one_way row, send_recv row)} at the sizes both forms were measured."""
+    one, both = ({r["size_bytes"]: r for r in analysis.primary_rows(doc, c)} for c in ("send_one_way", "send_recv"))
+    return {s: (one[s], both[s]) for s in sorted(set(one) & set(both))}
+
+
+def nccl_params(m):
+    """NCCL's p2p parameters from lab 05's recorded start-up log: only for the machine and the two ranks the
+    measurement ``m`` ran on (with more ranks an exchange has two peers, and the rules below differ)."""
+    try:
+        log = recorded.load("05_nccl_debug_info")
+    except FileNotFoundError:
+        return None
+    params = p2p_channels.from_nccl_log(log.data.get("log", ""))
+    same = log.fingerprint == m.fingerprint and m.data["meta"]["world_size"] == 2
+    return params if params and same and params["n_ranks"] == 2 else None
+
+
+LARGE_MIN = DUPLEX_CFG.minbytes if DUPLEX is not None else math.inf
+eager_pairs = one_and_both(DOC)
+graph_pairs = one_and_both(GDOC) if GRAPH is not None else {}
+if not eager_pairs:
+    print(f"this sweep has no send_one_way (recorded before the form existed)   [{SWEEP.label}]")
+else:
+    display(pd.DataFrame([{"size": format_size(s), "send_one_way (µs)": o["time_us"], "send_recv (µs)": b["time_us"],
+                           "both / one way, eager": b["time_us"] / o["time_us"],
+                           "both / one way, CUDA graph": (graph_pairs[s][1]["time_us"] / graph_pairs[s][0]["time_us"]
+                                                          if s in graph_pairs else None)}
+                          for s, (o, b) in eager_pairs.items() if s < LARGE_MIN]
+                         ).set_index("size").round(2).rename_axis(f"{SWEEP.label}; graph: "
+                                                                  f"{GRAPH.label if GRAPH else 'none'}"))
     V_DUPLEX = CLAIMS[("06_bench_sweep", "06_bench_graph")](SWEEP.data, GRAPH.data) if GRAPH is not None else []
     VERDICTS += V_DUPLEX
     claims.show(V_DUPLEX)
-    for mine, size in ((my_prediction_ratio_small, min(eager_ratios)), (my_prediction_ratio_large, max(eager_ratios))):
-        if mine is not None:
-            print(f"at {format_size(size)}: measured {eager_ratios[size]:.2f}, you predicted {mine}")
-else:
-    print(f"this sweep has no send_one_way (recorded before the form existed)   [{SWEEP.label}]")
+if DUPLEX is not None:
+    params = nccl_params(DUPLEX)
+    rows = []
+    for s, (o, b) in one_and_both(XDOC).items():
+        ch = p2p_channels.channels(s, **params) if params else None
+        rows.append({"size": format_size(s), "send_one_way (µs)": o["time_us"], "send_recv (µs)": b["time_us"],
+                     "both / one way": b["time_us"] / o["time_us"],
+                     "one way (GB/s)": o["algbw_gbps"], "both ways (GB/s per direction)": b["algbw_gbps"],
+                     "NCCL channels": ch,
+                     "sending warps, one way": None if ch is None else p2p_channels.sending_warps(ch, False),
+                     "sending warps per direction, both ways": None if ch is None else p2p_channels.sending_warps(ch, True)})
+    display(pd.DataFrame(rows).set_index("size").round(2).rename_axis(DUPLEX.label))
+    if params is None:
+        print("NCCL channels: no NCCL start-up log of this machine and two ranks recorded (lab 05 records one).")
+    V_LARGE = CLAIMS["06_duplex"](DUPLEX.data)
+    VERDICTS += V_LARGE
+    claims.show(V_LARGE)
+measured = {**{s: b["time_us"] / o["time_us"] for s, (o, b) in eager_pairs.items()},
+            **({s: b["time_us"] / o["time_us"] for s, (o, b) in one_and_both(XDOC).items()} if DUPLEX else {})}
+for mine, size in ((my_prediction_ratio_small, 8), (my_prediction_ratio_middle, 128 * 2**20),
+                   (my_prediction_ratio_large, 2**30)):
+    if mine is not None:
+        print(f"at {format_size(size)}: measured {measured[size]:.2f}, you predicted {mine}" if size in measured
+              else f"at {format_size(size)}: not measured here; you predicted {mine}")
 
 # %% [markdown]
-# Thresholds: "about the same" means within 25%; "about twice" means at least 1.5 — closer to two than to
-# one. The three verdicts separate the wire from the host. For large messages the link's bandwidth sets the
-# time, so a full-duplex link makes the exchange both ways cost about one way: the first verdict tests that.
-# For small messages the host's part sets the time (section 5), and the two forms differ there: in `send_recv`
-# every rank issues **two** operations per call (a send and a receive, grouped in one `batch_isend_irecv`), in
-# `send_one_way` **one** (rank 2k sends, rank 2k+1 receives). If that is the cause, the small eager ratio is
-# near two, and it falls back towards one when a CUDA graph removes the host's part: the other two verdicts
-# test exactly that. The benchmark's header says which form each row times; `benchmarks/p2p_forms.py` times
-# every correct form of both kinds, and its recorded output in `benchmarks/` names the cheapest of each.
+# Thresholds. Small messages: "about twice" is at least 1.5, closer to two than to one; "about the same" is
+# within 25%. Large messages, where the link rather than the host should set the time: "about one way" is
+# within 10%, and "costs more" is more than 10% (the median over the sizes up to a quarter of the largest).
+#
+# **Small messages: the host.** In `send_recv` every rank issues **two** operations per call (a send and a
+# receive, grouped in one `batch_isend_irecv`), in `send_one_way` **one** (rank 2k sends, rank 2k+1 receives).
+# If the host's work per operation sets the time (section 5), the eager ratio is near two, and it falls back
+# towards one when a CUDA graph removes the host's part: the first two verdicts test exactly that. The
+# benchmark's header says which form each row times; `benchmarks/p2p_forms.py` times every correct form of
+# both kinds, and its recorded output in `benchmarks/` names the cheapest of each.
+#
+# **Large messages: the warps.** NCCL moves the data of a send/recv group with one kernel,
+# `ncclDevKernel_SendRecv`, one block (CTA) per channel, and the block's threads do the copying — not the copy
+# engines. Two rules of its source set how many threads push each direction (NCCL 2.23 to 2.30; the
+# fingerprint names the version that ran):
+#
+# * **Warps** (`src/device/sendrecv.h`, `RunWorkBatch<ncclFuncSendRecv>::run`): a block has 640 threads, 20
+#   warps. When its channel carries a send to a peer *and* a receive from it — an exchange — the block gives 10
+#   warps to the send and 9 to the receive; when it carries only one of them, that one gets 19.
+# * **Channels** (`src/enqueue.cc`, `scheduleP2pTasksToPlan` and `addP2pToPlan`): an operation to one peer
+#   starts from the peer's channels, halved until one set per rank fits into the communicator's p2p channels,
+#   and doubles them (up to the peer's channels) while each channel's part of the message is longer than 32
+#   P2P chunks (`NCCL_P2P_NVL_CHUNKSIZE` on NVLink).
+#
+# So on the same channels an exchange pushes each direction with about half the warps a one-way send has,
+# until the message is long enough for the channels to double. The second table applies both rules with the
+# values NCCL printed at start-up on this machine (`… p2p channels, … p2p channels per peer`,
+# `P2P Chunksize …`), where lab 05 recorded that log on the same machine and two ranks.
+# If the sending warps, not the link, limit the rate, an exchange costs more than one way at the sizes where
+# it has half the warps per direction, and about one way once the doubled channels give each direction as many
+# warps as a one-way send had before they doubled: the last two verdicts test the middle of the range and its
+# largest size. (The copy engines of lab 02's path table have no warps to share between the directions.)
 #
 # ### Exercise 2 · A one-way send for the benchmark
 #
@@ -516,8 +653,8 @@ if "04" in LABS:
 
 # %% [markdown]
 # A prediction counts when it is within 25% of the measurement (median over the ops). The two verdicts
-# compare the fits: a both-ways fit charges each one-way message for a second operation it never issues
-# (section 7), most visibly at the smaller sizes, where the host's part is largest.
+# compare the fits: a both-ways fit charges each one-way message for what an exchange costs on top — a second
+# operation to issue, and the warps of each block shared between two directions (section 7).
 #
 # **Lab 02** times the all_reduce of its tensor-parallel MLP *inside* the training step, from a profiler trace
 # of NCCL's kernels — with the mechanism of section 5: the kernels of one call end together, so the shortest
@@ -622,6 +759,9 @@ claims.table(VERDICTS)
 # * The α of a small eager collective has two parts, the host's cost of a call and the GPU's work; the profiler
 #   separates them, and a CUDA graph keeps only the second. Which one matters depends on whether your step
 #   launches its collectives one by one.
+# * A link that carries both directions at once does not make an exchange free: NCCL issues two operations
+#   and splits each block's warps between them, on a number of channels that grows with the message. Whether
+#   both ways costs more than one way depends on the size — section 7's verdicts say where.
 # * Predict a transfer with the fit of the same kind of transfer (one way or both ways); inside a step, compare
 #   the benchmark with the transfer, and read the launch gaps and the waiting for other ranks in a trace.
 #

@@ -56,20 +56,24 @@ def kernel_parts(per_rank_us: list[list[float]], skip: int = 1) -> dict:
 
 def alpha_split(ranks: list[dict]) -> dict:
     """Host vs device time of one small eager call, from each rank's
-    ``{"eager_us", "host_us", "cpu_op_us": [...], "kernel_us": [...]}``.
+    ``{"eager_us", "host_us", "cpu_op_us": [...], "kernel_us": [...]}`` and, where it was measured,
+    ``"eager_after_us"`` (the same loop timed again after the profiler).
 
     Returns:
         ``eager_us`` (per call, back to back, slowest rank), ``host_us`` (the host's time to issue one
         call, slowest rank), ``cpu_op_us`` (the C++ op under the profiler, slowest rank's median),
         ``transfer_us`` (the NCCL kernel of the rank that launched last), ``device_share``
-        (transfer / eager) and the per-rank kernel medians.
+        (transfer / eager), the per-rank kernel medians, and ``eager_after_us`` (slowest rank; None
+        when not measured).
     """
     parts = kernel_parts([r["kernel_us"] for r in ranks])
     eager = max(r["eager_us"] for r in ranks)
+    after = [r["eager_after_us"] for r in ranks if r.get("eager_after_us") is not None]
     return {"eager_us": eager, "host_us": max(r["host_us"] for r in ranks),
             "cpu_op_us": max(_median(r["cpu_op_us"]) for r in ranks),
             "transfer_us": parts["transfer_us"], "kernel_us": parts["kernel_us"], "calls": parts["calls"],
-            "device_share": parts["transfer_us"] / eager}
+            "device_share": parts["transfer_us"] / eager,
+            "eager_after_us": max(after) if len(after) == len(ranks) else None}
 
 
 # ----------------------------------------------------------------------------- other labs' ops

@@ -20,8 +20,11 @@ DEVICE_SHARE = 0.25                # "mostly host": the device's part is at most
 HOST_PACE = 0.8                    # the loop runs at the host's pace: issuing a call takes >= 80% of it
 GRAPH_GAIN = 0.5                   # a graph must at least halve the per-call time to be worth its rules
 GRAPH_LATENCY_US = 15.0            # issue 18's goal for an 8-byte all_reduce replayed from a graph
-DUPLEX_TOL = 1.25                  # "about the same": both ways within 25% of one way
+LEFTOVER = BARE_GOAL               # a profiler or a capture "leaves nothing behind": later calls within 15%
+DUPLEX_TOL = 1.25                  # small messages, "about the same": both ways within 25% of one way
 TWICE = 1.5                        # "about twice": closer to 2 than to 1
+FULL_DUPLEX = 1.10                 # large messages, "about one way": within 10% (the copy engines: a few %)
+MORE = 1.10                        # "costs more": by more than 10%, several times the spread of 5 samples
 PREDICT_TOL = 0.25                 # a prediction within 25% of the measurement
 
 
@@ -81,19 +84,17 @@ def graph_verdicts(data: dict) -> list[claims.Verdict]:
     if s["graph_latency_us"] is not None:
         out.append(claims.at_most("an 8-byte all_reduce replayed from a CUDA graph takes at most 15 us",
                                   s["graph_latency_us"], GRAPH_LATENCY_US,
-                                  figure=f"{s['graph_latency_us']:.1f} us per call from a graph, "
-                                         f"{s['latency_us']:.1f} us eager"))
+                                  figure=f"{s['graph_latency_us']:.1f} us per call from a graph; "
+                                         f"{s['latency_us']:.1f} us eager in the same sweep"))
     return out
 
 
 def duplex_verdicts(sweep: dict, graph: dict) -> list[claims.Verdict]:
+    """Small messages: eager (the sweep's smallest size) and replayed from a CUDA graph."""
     out = []
     eager = both_over_one_way(sweep_doc(sweep))
     if eager:
-        (small, r_small), (large, r_large) = eager[0], eager[-1]
-        out.append(claims.at_most("NVLink is full duplex: a large exchange both ways costs about one way",
-                                  r_large, DUPLEX_TOL,
-                                  figure=f"send_recv / send_one_way = {r_large:.2f} at {format_size(large)}"))
+        small, r_small = eager[0]
         out.append(claims.at_least("launched eagerly, a small exchange both ways costs about twice one way",
                                    r_small, TWICE,
                                    figure=f"send_recv / send_one_way = {r_small:.2f} at {format_size(small)}"))
@@ -107,10 +108,38 @@ def duplex_verdicts(sweep: dict, graph: dict) -> list[claims.Verdict]:
     return out
 
 
+def middle_sizes(ratios: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The large-size sweep's sizes up to a quarter of its largest (64-256 MiB for 64 MiB-1 GiB)."""
+    largest = ratios[-1][0]
+    return [(s, r) for s, r in ratios if 4 * s <= largest]
+
+
+def large_duplex_verdicts(duplex: dict) -> list[claims.Verdict]:
+    """Large messages, from the dense sweep (factor 2, five samples a point): the middle of the range and
+    the largest size."""
+    ratios = both_over_one_way(sweep_doc(duplex))
+    if len(ratios) < 2:
+        return []
+    every = ", ".join(f"{format_size(s)} {r:.2f}" for s, r in ratios)
+    out = []
+    mid = middle_sizes(ratios)
+    if mid:
+        med = statistics.median(r for _, r in mid)
+        out.append(claims.at_least(
+            f"from {format_size(mid[0][0])} to {format_size(mid[-1][0])}, an exchange both ways costs more "
+            "than one way", med, MORE,
+            figure=f"send_recv / send_one_way: median {med:.2f} over {len(mid)} sizes ({every})"))
+    size, r = ratios[-1]
+    out.append(claims.at_most(f"the link is full duplex: at {format_size(size)} an exchange both ways costs "
+                              "about one way", r, FULL_DUPLEX,
+                              figure=f"send_recv / send_one_way = {r:.2f} at {format_size(size)}"))
+    return out
+
+
 def alpha_verdicts(data: dict) -> list[claims.Verdict]:
     a = analysis.alpha_split(data["ranks"])
     size = format_size(data["size_bytes"])
-    return [
+    out = [
         claims.at_most(f"alpha is mostly host overhead: the NCCL kernel is a small part of a {size} all_reduce",
                        a["device_share"], DEVICE_SHARE,
                        figure=f"NCCL kernel (rank that launched last) {a['transfer_us']:.1f} us of "
@@ -120,20 +149,37 @@ def alpha_verdicts(data: dict) -> list[claims.Verdict]:
                         figure=f"host {a['host_us']:.1f} us to issue one call (no profiler), "
                                f"{a['eager_us']:.1f} us per call on the GPU's clock"),
     ]
+    if a.get("eager_after_us") is not None:  # recordings from before the re-measurement have no such field
+        ratio = a["eager_after_us"] / a["eager_us"]
+        out.append(claims.at_most("the profiler leaves nothing behind: eager calls after it cost what they did "
+                                  "before", ratio, LEFTOVER,
+                                  figure=f"{size} all_reduce: {a['eager_us']:.1f} us per call before the profiler, "
+                                         f"{a['eager_after_us']:.1f} us after it"))
+    return out
 
 
 def capture_verdicts(data: dict) -> list[claims.Verdict]:
-    ratio = data["graph_us"] / data["eager_us"]
+    """The graph against the same loop launched eagerly right before the capture (``eager_before_us``);
+    a recording from before that field existed has only the eager loop timed after the capture."""
     ok = all(data["correct"])
-    return [
+    before = data.get("eager_before_us")
+    eager, when = (before, "eager right before the capture") if before else (data["eager_us"],
+                                                                            "eager after the capture")
+    out = [
         claims.compare("a captured all_reduce, replayed, gives the right result on every rank", int(ok), ">=", 1,
                        figure=f"{sum(data['correct'])} of {len(data['correct'])} ranks right after "
                               f"{data['replays']} replays of {data['calls']} calls"),
         claims.at_most("replayed from a CUDA graph, a small all_reduce costs at most half its eager time",
-                       ratio, GRAPH_GAIN,
-                       figure=f"{data['graph_us']:.1f} us per call from the graph, {data['eager_us']:.1f} us eager "
-                              f"({format_size(data['size_bytes'])})"),
+                       data["graph_us"] / eager, GRAPH_GAIN,
+                       figure=f"{data['graph_us']:.1f} us per call from the graph, {eager:.1f} us {when} "
+                              f"({format_size(data['size_bytes'])}, the same loop)"),
     ]
+    if before:
+        out.append(claims.at_most("a capture leaves nothing behind: eager calls after it cost what they did "
+                                  "before", data["eager_us"] / before, LEFTOVER,
+                                  figure=f"{before:.1f} us per eager call before the capture, "
+                                         f"{data['eager_us']:.1f} us after it"))
+    return out
 
 
 def lab_predictions(sweep: dict, lab: dict, default_p2p: str = analysis.BOTH_WAYS,
@@ -189,6 +235,7 @@ CLAIMS = {
     "06_bench_sweep": sweep_verdicts,
     "06_bench_graph": graph_verdicts,
     ("06_bench_sweep", "06_bench_graph"): duplex_verdicts,
+    "06_duplex": large_duplex_verdicts,
     "06_alpha_split": alpha_verdicts,
     "06_graph_capture": capture_verdicts,
     ("06_bench_sweep", "04_comm_summary"): lab04_verdicts,
