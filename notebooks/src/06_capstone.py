@@ -143,8 +143,8 @@ my_prediction_latency_us = None  # ✍ time of an 8-byte all_reduce, in µs
 # cell on 2×H200 is shown, labelled. Below 1 MiB each sample holds 100 calls: a sample starts after a barrier,
 # and its first call waits for the other ranks to arrive — spread over 100 calls that start is a small part
 # of the per-call time (the latency line measures it: "per-sample start"). Each point is the median of five
-# samples, as in `python -m labutils bench`: one or two samples slowed by something else on the machine do not
-# move it (each point's p10 and p90 are in the recording).
+# samples, as in `python -m labutils bench`: one or two samples slowed by something else on the machine cannot
+# pull it up (each point's p10 and p90 are in the recording).
 
 # %% tags=["nbval-ignore-output"]
 SWEEP_CFG = BenchConfig(minbytes=8, maxbytes=512 * 2**20, stepfactor=4, repeat=5)
