@@ -76,12 +76,12 @@ out = pool.run(rank_sum, output="quiet")  # again: no process started this time
 print(f"second run: {[t.item() for t in out]}")
 
 # %% [markdown]
-# **Measure.** The work is the smallest a collective can be: one number, all-reduced. It is sent three
-# ways — as a function (`pool.run`), as the text of a `%%ranks` cell (`pool.exec`, section 2), and as a
-# fresh `launch` — and each call is timed whole, from the notebook, after warm-up calls: the round trips
-# thirty times each, the launch once (each one is a whole start-up, the most expensive thing this lab
-# does). The pool's own start is the $T_\text{start}$ it paid once. This machine is always measured; the
-# 2×H200 reference is the recording.
+# **Measure.** The work is the smallest a collective can be: one number, all-reduced. It is sent three ways —
+# as a function (`pool.run`), as the text of a `%%ranks` cell (`pool.exec`, section 2), and as a fresh
+# `launch` — and each call is timed whole, from the notebook: the round trips thirty times each after five
+# warm-up calls, the launch once and without a warm-up (each launch is a whole start-up, the most expensive
+# thing this lab does). The pool's own start is the $T_\text{start}$ it paid once. This machine is always
+# measured; the 2×H200 reference is the recording.
 
 # %% tags=["nbval-ignore-output"]
 def tiny_all_reduce(rank, world_size):
@@ -131,8 +131,10 @@ fig
 # and to find the submodules the code may use it looks through every module imported in the notebook (the
 # table counts them: torch brings many). A `%%ranks` cell travels as text and is compiled on the ranks.
 # The table's "pickling fn" row is that serialisation alone, measured in the notebook; compare it with
-# the difference between the two round trips. The verdict asks for a fifth more, beyond the wobble of a
-# median of a few dozen round trips, before it calls text the cheaper way.
+# the difference between the two round trips. What it does not cover happens on the ranks: each one
+# unpickles the function (rebuilding its code object and looking up its globals) where a cell is compiled
+# from its text. The verdict asks for a fifth more, beyond the wobble of a median of a few dozen round
+# trips, before it calls text the cheaper way.
 #
 # Use `launch` for measurements that must start clean and for final results; use the pool while iterating.
 
@@ -312,5 +314,6 @@ claims.table([*ROUNDTRIP, STATE, AFTER_ERROR, AFTER_INTERRUPT, AFTER_HANG])
 print(f"pool closed: {pool.closed}")
 
 # %% [markdown]
-# **Next:** use `%%ranks` in the other labs wherever you iterate on one collective, then confirm the final
-# numbers with `launch`.
+# **Next:** lab 08 — data parallelism by hand, then DDP, ZeRO and FSDP2 — runs all its experiments in one
+# `RankPool`. Use `%%ranks` there, or in any lab, wherever you iterate on one collective, then confirm the
+# final numbers with `launch`.

@@ -22,7 +22,8 @@
 # or a CPU-only machine every algorithm is checked live on gloo ranks, and every measurement is the recording
 # made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 75 min of study; about 25 s to run on 2×H200 (under 2 minutes on a 2-core CPU).
+# **Time:** 75 min of study (four exercises, six predictions); about 55 s to run on 2×H200, about 35 s on a
+# 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import copy
@@ -144,6 +145,15 @@ pd.DataFrame(GLOO.run(gloo_uneven_forms)).rename_axis("rank")
 # (`bandwidth.bus_factor("all_to_all", n)`). On two GPUs joined by NVLink, an all-to-all and an
 # all-gather of the same S put the same bytes on the same link in each direction.
 #
+# They do not run the same code. The all-gather is a ring collective: NCCL's collective kernel, on the
+# channels NCCL assigns to collectives. The all-to-all is point-to-point work: PyTorch posts one `ncclSend`
+# and one `ncclRecv` per peer inside one group, and NCCL 2.28's own `ncclAlltoAll`, on its default kernel
+# path, turns into the same per-peer send and receive tasks (`taskAppend` in NCCL's `src/enqueue.cc`). NCCL
+# sets up point-to-point channels separately from the collective ones (its `NCCL_DEBUG=INFO` log, lab 05,
+# prints both: `… coll channels, … p2p channels per peer`). Lab 02 measured both paths between the same two
+# GPUs: the all-gather was held below the link by the number of channels NCCL gave it (more CTAs, more
+# busbw), and NCCL's send/recv in both directions — the all-to-all's path — moved more per direction.
+#
 # **Predict:** what busbw will `all_to_all_single` reach at 256 MiB per rank on 2×H200?
 
 # %%
@@ -183,12 +193,21 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
 
 # %% [markdown]
 # **Reading it.** Where the time hardly moves with the size, it is alpha: the fixed cost of launching the
-# grouped sends and receives and synchronising the peers. Where it grows with the bytes, beta rules, and
-# there all-to-all and all-gather should agree, because on two GPUs they move the same bytes per link; the
-# verdicts above say whether they do, and how well a single alpha and beta describe the whole sweep. (With
+# grouped sends and receives and synchronising the peers. Where it grows with the bytes, beta rules. The first
+# verdict tests the naive expectation — same bytes per link, so same busbw — with a 15% margin, well above the
+# run-to-run spread lab 02 printed for large calls on this link. When it is FALSE with the all-to-all ahead,
+# the cause is the one given before the measurement: on two GPUs joined by NVLink the link is not what limits
+# either call, so each reaches what its NCCL kernel and channels reach, and the all-to-all runs on the
+# point-to-point path that lab 02 found faster than the all-gather with NCCL's default channels. Busbw counts
+# the same bytes for both; it does not say that the same machinery moves them. To compare collectives on a
+# link, compare each with what the link can carry (lab 02's copy-engine rows), not only with each other. (With
 # more GPUs behind an NVSwitch, all-to-all talks to every peer at once while a ring all-gather talks to one
-# neighbour per step; their busbw can then part.) Every result was also checked: the `wrong` count is in the
-# third verdict.
+# neighbour per step; their busbw can part for that reason too.)
+#
+# The second verdict is the fit. Its beta divides nccl-tests' S, the whole send buffer, of which the block
+# a rank keeps never leaves the GPU: only (n − 1)/n of S crosses the link, so the link carries
+# beta · (n − 1)/n per direction — compare that, not beta itself, with the NVLink peak. Every result was also
+# checked: the `wrong` count is in the third verdict.
 #
 # ### Exercise 1 — all-to-all from send and receive
 # Write `my_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)`: fill `output`
@@ -222,10 +241,13 @@ check.all_to_all_p2p(my_all_to_all_single, pool=GLOO)
 # 4. run the local expert on everything that arrived;
 # 5. send the results back with the splits swapped (**combine**), undo the sort, weight and add.
 #
-# Step 2 is what makes this harder than a tensor-parallel layer: the sizes are data, known only after
-# routing, and the CPU needs them (`.tolist()`) to size the output — a wait for the GPU on every dispatch.
-# The backward pass of an all-to-all is the all-to-all with the splits swapped: gradients go back where
-# their rows came from.
+# Step 2 is what makes this harder than a tensor-parallel layer: the sizes are data, known only after routing,
+# and the CPU needs them (`.tolist()`) to size the output — a wait for the GPU on every dispatch. Step 1 waits
+# too: `torch.bincount` on a CUDA tensor reads its input's smallest and largest value back to the CPU, to check
+# the input and size its result (`_bincount_cuda_template` in PyTorch's
+# `aten/src/ATen/native/cuda/SummaryOps.cu`). Each wait empties the GPU's queue: until the CPU has issued the
+# next operations, the GPU has nothing to do. The backward pass of an all-to-all is the all-to-all with the
+# splits swapped: gradients go back where their rows came from.
 #
 # First the layer on one device, the reference:
 
@@ -337,15 +359,17 @@ pd.DataFrame({case: verify.table(POOL.run(verify.moe_matches, MoE, ExpertParalle
 
 # %% [markdown]
 # ### What a skewed router costs
-# A dispatch is as slow as its busiest link: the rank that sends, or receives, the most rows from other ranks
-# sets the time, and the others wait. An expert is as slow as the rows it received. A router that prefers one
-# expert therefore slows both the exchange and the compute, which is why MoE training adds a load-balancing
-# loss and why Switch Transformer caps each expert's rows (exercise 2).
+# The rows' exchange is as slow as its busiest link: the rank that sends, or receives, the most rows from
+# other ranks sets the time, and the others wait. An expert is as slow as the rows it received. A router that
+# prefers one expert therefore slows both the exchange and the compute, which is why MoE training adds a
+# load-balancing loss and why Switch Transformer caps each expert's rows (exercise 2). A dispatch adds its
+# bookkeeping (steps 1 and 2 above) to the exchange, skewed or not.
 #
 # The measurement: (a) uniform routing, 512 to 65536 tokens per rank of hidden size 2048 in bf16 — the whole
-# `dispatch` (counts exchanged, `.tolist()`, rows sent) against the rows' `all_to_all_single` alone with the
-# counts known beforehand; (b) a top-1 layer whose router adds a bias to expert 0's score, from none to one
-# that attracts almost every token, timing the dispatch and the layer's forward pass.
+# `dispatch` (sort, counts, counts exchanged, `.tolist()`, rows sent) against the rows' `all_to_all_single`
+# alone with the counts known beforehand; (b) a top-1 layer (hidden 2048, inner width 8192, 16384 tokens per
+# rank) whose router adds a bias to expert 0's score, from none to one that attracts almost every token,
+# timing the dispatch and the layer's forward pass.
 #
 # **Predict:** on 2 GPUs, when (almost) every token goes to expert 0, how many times longer does the dispatch
 # take than with a uniform router?
@@ -393,15 +417,32 @@ display(pd.DataFrame({"router bias": S["router_bias"], "expert 0's share": S["ho
 claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data))
 
 # %% [markdown]
-# **Reading it.** Besides the rows, a dispatch sorts the rows by destination, exchanges the counts — a whole
-# extra collective plus a GPU→CPU synchronisation, for a few bytes — and copies the rows into their sorted
-# order. Most of that is a fixed cost per dispatch, while the rows' cost grows with the tokens; the first two
-# verdicts say where each dominates on this machine, and the dashed line of the first plot is section 1's fit
-# at the same bytes per rank. In the second plot the dashed curves are models: the uniform router's dispatch
-# plus the extra bytes on the busiest link at section 1's beta, and the busiest expert's rows. A router that
-# sends everything to expert 0 makes one link carry every row one way, and one GPU compute every token while
-# the others idle. Production MoE layers fight both effects: a load-balancing loss keeps the router near uniform,
-# a capacity per expert bounds the worst case (exercise 2), and systems such as DeepSpeed-MoE, MegaBlocks or
+# **Reading it.** Besides the rows, a dispatch sorts the rows by destination, counts them, exchanges the counts
+# — a whole collective, with its alpha, for a few bytes — and copies the rows into their sorted order. On every
+# dispatch the CPU waits for the GPU inside `bincount` (twice) and at the `.tolist()` line, and each time the
+# GPU then waits for the CPU to issue what follows: the CPU's cost of launching the operations adds to the
+# GPU's time instead of running ahead of it, as it does in the rows-only exchange. None of that grows with the
+# tokens; only the sorted copy of the rows does, at the speed of GPU memory rather than of the link. So the
+# dispatch / rows-only ratio falls as the tokens grow, and the first two verdicts read it at both ends of the
+# sweep, with 2 as the line: above it the bookkeeping costs more than moving the rows, below it the rows are
+# most of the time. When the second verdict is FALSE, the bookkeeping still outweighs the rows' exchange at the
+# largest size measured, and sending more rows per dispatch is not what makes a dispatch cheap — removing the
+# waits is. `bincount`'s two can go (count with `index_add_` of ones into a zero tensor, a kernel that reads
+# nothing back); the `.tolist()` is the price of uneven splits, which the capacity of exercise 2 avoids at the
+# price of padding. The dashed line of the first plot is section 1's fit at the same bytes per rank, to compare
+# the rows-only curve with.
+#
+# In the second plot the dashed curves are models: the uniform router's dispatch plus the extra bytes on the
+# busiest link at section 1's beta, and the busiest expert's rows. A router that sends everything to expert 0
+# makes one link carry every row one way, and one GPU compute every token while the others idle. Read the third
+# verdict's figure with the fixed cost in mind: the model's rise (predicted minus uniform) is the extra bytes
+# at section 1's beta, small next to a dispatch that its bookkeeping dominates; where that rise is smaller than
+# the verdict's 25% margin, TRUE says only that the dispatch did not slow by much more than the busiest link
+# explains, not that the rise was seen. The compute side is the fourth verdict: the layer also holds work that
+# does not follow the busiest expert (routing, the dispatch's bookkeeping, the combine), so its slowdown stays
+# below the growth of that expert's rows; the verdict's 25% margin says how far below still counts as following
+# them. Production MoE layers fight both effects: a load-balancing loss keeps the router near uniform, a
+# capacity per expert bounds the worst case (exercise 2), and systems such as DeepSpeed-MoE, MegaBlocks or
 # DeepEP overlap or fuse the exchange with the expert compute.
 #
 # ### Exercise 2 — dispatch with a capacity (Switch Transformer)
@@ -817,8 +858,11 @@ print("DTensor SP sends what SP sends:", bool((per_layer["DTensor SP"] == per_la
 per_layer
 
 # %% [markdown]
-# **Predict:** DTensor dispatches every operation through sharding propagation in Python. On the smallest
-# layer measured below (512 tokens), how many times the hand-written TP's time will DTensor TP take?
+# **Predict:** every operation on a DTensor goes through DTensor's own dispatch — unwrap the local tensors,
+# find the output's placement (sharding propagation, cached after the first call), run the operation on the
+# local tensors, wrap the result — and every parallelised module runs its style's Python hooks on its inputs
+# and outputs. On the smallest layer measured below (512 tokens), how many times the hand-written TP's time
+# will DTensor TP take?
 
 # %%
 my_prediction_dtensor_overhead = None  # ✍ your number (1 = same time)
@@ -851,12 +895,30 @@ display(pd.DataFrame({k: {"held after forward (MiB)": m["held_bytes"] / 2**20,
 claims.show(CLAIMS["09_dtensor"](DT.data))
 
 # %% [markdown]
-# **Reading it.** The collectives are the same; what DTensor adds is work on the CPU for every operation —
-# wrapping and unwrapping, sharding propagation (cached after the first call), the style's layout conversions.
-# While the GPU is busy with large matmuls that work can run ahead of it; on a small layer the GPU waits for
-# the CPU. The verdicts say where that line lies on this machine. DTensor's payoff is elsewhere: the same
-# plan composes with FSDP (`fully_shard`, lab 08) on a 2-D mesh, with `torch.compile`, and with distributed
-# checkpointing, none of which a hand-written `ParallelBlock` gets for free.
+# **Reading it.** The collectives are the same (checked above); what DTensor adds is work on the CPU, paid
+# on every step and the same whatever the number of tokens: the dispatch of each DTensor operation, forward
+# and backward, and the styles' hooks. The CPU issues work ahead of the GPU, so a step takes about the longer
+# of the two: the CPU's issuing, or the GPU's work. A variant whose time does not grow with the tokens is
+# paced by the CPU — compare each DTensor column of the table with the hand-written one beside it. DTensor
+# matches the hand-written layer only once the layer's GPU work outlasts DTensor's CPU work. (The verdicts
+# allow a tenth for "as fast" and ask at least a tenth for "visible".)
+#
+# The SP plan gives DTensor more CPU work than the TP plan, for the same bytes on the wire. Read
+# `torch/distributed/tensor/parallel/style.py`: `SequenceParallel` makes the LayerNorm's weight and bias
+# replicated DTensors and its input a `Shard(0)` DTensor, so the LayerNorm runs through DTensor's dispatch
+# forward and backward (in the TP plan it is a plain module); its output stays a DTensor
+# (`use_local_output=False` is `SequenceParallel`'s default); and `ColwiseParallel(input_layouts=Shard(0))`
+# calls `redistribute` to `Replicate()` on it — the all-gather, issued through DTensor's redistribution
+# (an autograd function whose backward is the reduce-scatter) — where the TP plan's `ColwiseParallel` only
+# wraps a plain tensor with `DTensor.from_local`. So the token count at which DTensor SP catches up with the
+# hand-written SP is larger than DTensor TP's; the third verdict says whether the largest layer measured is
+# past it, and when it is FALSE, DTensor SP's step is still paced by the CPU there. The comparison even
+# favours DTensor: its step leaves the `Partial` gradients unsummed (nothing in the step needs them), while
+# the hand-written SP's step includes exercise 3's all-reduce.
+#
+# DTensor's payoff is elsewhere: the same plan composes with FSDP (`fully_shard`, lab 08) on a 2-D mesh,
+# with `torch.compile`, and with distributed checkpointing, none of which a hand-written `ParallelBlock` gets
+# for free.
 #
 # ## 5 · Summary
 
@@ -866,18 +928,27 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 
 # %% [markdown]
 # * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which NCCL
-#   does not check — so exchange the counts first. Its busbw factor is (n − 1)/n.
+#   does not check — so exchange the counts first. Its busbw factor is (n − 1)/n, all-gather's, but NCCL
+#   runs it as point-to-point sends and receives: the same bytes per link, moved by a different kernel on
+#   different channels, so the two need not reach the same busbw.
 # * Expert parallelism is dispatch and combine: two uneven all-to-alls, whose backward is the same exchange
-#   with the splits swapped. Its cost follows the busiest link and the busiest expert (the verdicts say how
-#   closely); a skewed router loads both, a capacity bounds them at the price of dropped tokens.
+#   with the splits swapped. A dispatch costs its bookkeeping — sort, counts, their exchange, and the waits
+#   for the GPU that uneven sizes bring — plus the rows on the busiest link. The bookkeeping stays nearly
+#   fixed as the tokens grow: only dispatches whose rows outlast it are mostly rows. A skewed router loads
+#   the busiest link and the busiest expert; a capacity bounds both at the price of padding and dropped
+#   tokens.
 # * Sequence parallelism is tensor parallelism with each all-reduce cut into a reduce-scatter and an
 #   all-gather placed around the replicated regions: the same bytes, less activation memory, and one extra
 #   duty — summing the partial gradients of the parameters used on sequence shards.
 # * `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` and `SequenceParallel` produces the same
-#   layers and the same collectives; `Partial` placements make the pending sums explicit.
+#   layers and the same collectives; `Partial` placements make the pending sums explicit. Its dispatch and
+#   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan.
 #
-# **Next:** this is the course's last lab. Lab 06's benchmark CLI measures `all_to_all` next to the other
-# collectives (`python -m labutils bench`); lab 05 is the place to come back to when a rank hangs.
+# **Next:** this is the course's last lab. The plans of section 4 and lab 08's `fully_shard` combine on a
+# 2-D mesh (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and
+# sequence parallelism across the other) — the layout large models are trained with. Lab 06's benchmark
+# (`python -m labutils bench`) measures `all_to_all` next to the other collectives on any machine, and
+# lab 05 is the place to come back to when a rank hangs.
 
 # %%
 POOL.close()
