@@ -9,7 +9,7 @@
 #
 # **GPUs needed for the live path:** 2 (GPU→GPU); 1 GPU runs the host↔GPU part live; CPU-only runs everything
 # else and shows the GPU numbers recorded on 2×H200.
-# **Time:** 30 min of study (one exercise, two predictions); about 30 s to run on 2×H200, about 40 s on a 2-core CPU.
+# **Time:** 30 min of study (one exercise, two predictions); about 35 s to run on 2×H200, about 20 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -121,8 +121,8 @@ labutils.launch(fails_on_rank_1, world_size=2, backend="gloo")
 # ### When ranks hang
 # A collective that not every rank calls never returns. `timeout=` bounds the wait: the ranks are killed and
 # `labutils.RankTimeout` names those that had not finished, and where each one was. The timeout counts from
-# the launch, start-up included, so it is set from the launch above: its wall time, plus two seconds of
-# waiting. (Lab 05 is all about reading such failures.)
+# the launch, start-up included, so it is set from the launch above: its wall time rounded up to a whole
+# second, plus two seconds of waiting. (Lab 05 is all about reading such failures.)
 
 # %% tags=["raises-exception", "nbval-ignore-output"]
 def never_arrives(rank, world_size):
@@ -156,9 +156,9 @@ print("rank processes still alive:", len(procs.leftover_ranks()))
 # The datasheet gives the *data rate*: 25 GB/s per direction per NVLink 4 link, 50 GB/s both ways. <!-- not measured: NVIDIA H100/H200 datasheet -->
 # Its "900 GB/s" is 18 links × 50 GB/s, both directions added: 450 GB/s per direction, a little below the summed line rate. <!-- not measured: datasheet arithmetic -->
 # labutils keeps both, per GPU and direction: `HW.link_peak_gbps` sums nvidia-smi's line rates (a ceiling no
-# payload reaches; the plots of labs 01–09 draw it as "NVLink peak") and `HW.link_data_peak_gbps` multiplies
-# the links by the datasheet rate of the NVLink version NVML reports (the ceiling a copy can approach). A
-# measured copy is judged against the data rate.
+# payload reaches; the later labs' plots draw it as "NVLink line rate" or "NVLink peak") and
+# `HW.link_data_peak_gbps` multiplies the links by the datasheet rate of the NVLink version NVML reports (the
+# ceiling a copy can approach). A measured copy is judged against the data rate.
 
 # %% tags=["nbval-ignore-output"]
 if MODE == "multi-gpu":
@@ -170,13 +170,19 @@ else:
 pd.DataFrame({TOPO_LABEL: measure.topology_rows(TOPO)}) if TOPO else print("(this recording has no topology)")
 
 # %% [markdown]
-# The sentence "NV18 means the two GPUs are joined by 18 NVLinks" is judged from what NVML says the links end at
-# (no line appears where NVML is not available):
+# The common reading of `NV18`, "the two GPUs are wired to each other by 18 NVLinks", is judged from what NVML
+# says the links end at. The rule counts GPU 0's links that end at a GPU: the reading is TRUE only if all of
+# them do (no line appears where NVML is not available):
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.topology_verdicts({"topology": TOPO}))
 
 # %% [markdown]
+# Where the links end at NVSwitch chips (the verdict's figure says where they end), every byte for GPU 1
+# crosses a switch, and the same links reach every other GPU on the board: a switched board is built so that
+# each GPU reaches each other one through all of its links. Where they end at the other GPU, they are wired
+# to that pair alone.
+#
 # ## 4 · Copy bandwidth and the alpha–beta model
 #
 # Moving S bytes costs a fixed latency α (launch, synchronisation, protocol set-up) plus S/β at the link's
@@ -186,7 +192,15 @@ claims.show(lab_claims.topology_verdicts({"topology": TOPO}))
 #
 # Small messages are latency-bound, large ones bandwidth-bound; the crossover $n_{1/2} = \alpha\beta$ is the size
 # that reaches half of β. We sweep 4 KiB … 1 GiB for copies host→GPU (pinned and pageable memory), GPU→host,
-# within one GPU, and GPU0→GPU1, and fit α and β by weighted least squares (`bandwidth.fit_alpha_beta`).
+# within one GPU, and GPU0→GPU1, and fit α and β by least squares on the *relative* error
+# (`bandwidth.fit_alpha_beta`), so that every size counts alike.
+#
+# How a sample is taken decides what α holds. Each sample is a pair of CUDA events around one `copy_` call,
+# the samples back to back (`timing.benchmark`). When the copy is shorter than the host's work to issue it
+# (Python, PyTorch's dispatch, the CUDA call), the GPU finishes early and waits for the host's next call: the
+# time per copy is then the host's cost, whatever the size. When the copy is longer, the host runs ahead and
+# the GPU's queue sets the pace: the time is the copy's own. (A copy from pageable memory holds the host until
+# the driver has staged its bytes, so there the host cannot run far ahead.)
 #
 # **Predict** the GPU0→GPU1 bandwidth of a 1 GiB copy on the reference machine, in GB/s (the table above gives
 # the link's two ceilings):
@@ -223,7 +237,8 @@ pd.DataFrame([{"copy": kind, "alpha (us)": f["alpha_us"], "beta (GB/s)": f["beta
 # * *orders of magnitude*: one order of magnitude is a factor of 10, so "one to two orders slower" needs at least 10;
 # * *most of the data rate*: NVLink carries data in packets with headers, and a copy engine keeps a limited number of
 #   requests in flight; a copy within 20% of the data rate (≥ 0.8) has nothing else standing in its way;
-# * *the model fits*: two numbers for sizes spanning six decades; within 25% at every size means no regime it misses;
+# * *the model fits*: two numbers for sizes spanning more than five decades (4 KiB to 1 GiB); within 25% at
+#   every size means no regime it misses;
 # * *pinned vs pageable*: pageable memory is first copied into a pinned bounce buffer by the driver; a gain of at
 #   least 1.5 is what makes pinning worth its cost (pinned memory cannot be swapped out);
 # * *both directions*: NVLink is full duplex and symmetric, so the two directions should agree within run-to-run noise (10%);
@@ -234,10 +249,20 @@ claims.show(lab_claims.copy_verdicts(local.data, peer.data))
 
 # %% [markdown]
 # **What the curves say**
-# * Below $n_{1/2}$ every copy is latency-bound: the time hardly changes with size, so bandwidth grows linearly
-#   with S. Sending many small messages wastes the link — lab 01 tests this claim of the source.
-# * Above $n_{1/2}$ the curves flatten towards β. GPU→GPU over NVLink is faster than host↔GPU over PCIe by the
-#   factor the first verdict prints; it is not the "one to two orders of magnitude" often quoted for PCIe paths.
+# * Below $n_{1/2}$ more than half of a copy's time is α; far below it the time hardly changes with size, so
+#   bandwidth grows in proportion to S. Sending many small messages wastes the link — lab 01 tests this claim
+#   of the source.
+# * Above $n_{1/2}$ the curves flatten. The model *adds* α to S/β, but α is mostly the host's cost of issuing
+#   a copy (see how a sample is taken, above), and a large copy does not pay it on top of its transfer: the
+#   host issues the next copy while the GPU still copies. So in the middle of the range the measured times lie
+#   below the straight line, and the fit answers with a slope that is too shallow — a β above the bandwidth the
+#   largest copies reach. Compare the table's "beta" with its "1 GiB" column: where β is higher, this is why,
+#   and it is also why the fit's prediction of a large copy comes out short. Lab 06 splits α into the host's
+#   launch and the device's own latency.
+# * GPU→GPU over NVLink is faster than host↔GPU over PCIe by the factor the first verdict prints: the ratio of
+#   what the two links deliver. When both copies come near their link's ceiling, it is close to the ratio of
+#   the two ceilings in the topology table (NVLink data rate, PCIe host link) — that ratio, not a rule of
+#   thumb, decides whether "one to two orders of magnitude", often quoted for PCIe paths, holds.
 # * Pageable host memory is slower than pinned: the driver first copies it into a pinned bounce buffer.
 # * A copy within one GPU reads and writes every byte of GPU memory: its memory traffic is twice the bandwidth shown.
 #
@@ -275,8 +300,8 @@ print(f"256 MiB cuda:0 -> cuda:1: predicted {pred_ms:.3f} ms, measured {meas_ms:
 #   rate) and a fingerprint that labels every recorded number.
 # * `labutils.launch` runs a notebook function on fresh ranks; failures come back as `RankError` (which rank,
 #   its traceback) and hangs as `RankTimeout`, with every process cleaned up.
-# * A copy costs α + S/β: latency dominates below n½, bandwidth above. Every verdict of this lab, with the numbers
-#   behind it:
+# * A copy costs α + S/β: latency dominates below n½, bandwidth above; α is mostly the host's cost of one call,
+#   which large copies hide behind the transfer. Every verdict of this lab, with the numbers behind it:
 
 # %% tags=["nbval-ignore-output"]
 claims.table(lab_claims.all_verdicts(local.data, peer.data))
