@@ -15,7 +15,7 @@
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink).
 # With 1 GPU the single-device parts run live; on a CPU-only machine every GPU result is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
-# **Time:** 60 min of study (three exercises, five predictions); about 15 s to run on 2×H200, about 45 s on a 2-core CPU.
+# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 10 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import math
@@ -269,7 +269,7 @@ else:
 # `torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])` records the
 # CPU-side operators and, through CUPTI, every kernel and memcpy on every GPU. `key_averages()`
 # summarises them; `export_chrome_trace()` writes a trace for Perfetto. We profile the corrected
-# program (on 1 Mi int64 elements, so that the transfers are visible), then each API call alone.
+# program (on 1 Mi int64 elements, so that the transfers are visible), then each API call alone, on 4 MiB.
 # `measure.profile_kernels` does one warm-up call first: the first NCCL call creates the
 # communicators, which you do not want in the profile.
 
@@ -337,8 +337,12 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # **How we time.** One process drives all GPUs, so a sample records a CUDA event on *every* GPU's
 # current stream, runs `iters` calls back to back, records a second event on every GPU, and keeps
 # the slowest GPU's time / `iters` — the nccl-tests method with GPUs in place of ranks
-# (`measure.time_on_devices`). Warm-ups first, medians of several samples. The host's cost of a
-# call (Python, the NCCL group launch, allocating the output) is included: it is what you pay.
+# (`measure.time_on_devices`). Warm-ups first, medians of several samples; the GPUs are synchronised
+# between samples, so every sample starts on idle GPUs. The host's cost of a call (Python, the NCCL
+# group launch, allocating the output) is included: it is what you pay. How much of it a call pays
+# depends on how many calls a sample holds (`measure.plan`: about 8 MiB of them — up to 50 calls of a
+# small message, a single call from 8 MiB up). Back to back, the host issues the next call while the
+# GPUs run the last one; a call alone pays the host's work and then the transfer, one after the other.
 #
 # **How we judge.** Each claim gets a line `VERDICT  TRUE|FALSE  claim | measured figures | rule`,
 # computed from the measurement (live, or the recording) by `labutils.labs.lab01_cuda_comm.claims`
@@ -350,7 +354,8 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ is tiny for small messages
 # and approaches $\beta$ beyond $n_{1/2} = \alpha\beta$, the size that reaches half of it (lab 00
 # fits the same model to plain copies). We sweep 1 KiB … 1 GiB for `comm.broadcast`,
-# `comm.reduce_add` and a plain `x.to("cuda:1")`, and draw the link's line rate (lab 00, section 3).
+# `comm.reduce_add` and a plain `x.to("cuda:1")`, and draw NVLink's two ceilings, line rate and data
+# rate (lab 00, section 3).
 #
 # **Predict** the broadcast bandwidth at 1 GiB, in GB/s (the star in the plot):
 
@@ -383,21 +388,28 @@ pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
 
 # %% [markdown]
 # **The verdicts.** The source's tip is judged by the gain from a 4 KiB block to the largest one
-# (≥ 10: an order of magnitude). A sentence of this lab's first version — "larger blocks help up to a
-# few MiB and then have nothing left to give" — is judged at 4 MiB: "nothing left" means within 10% of
-# the best bandwidth (≥ 0.9). And the model is judged like lab 00's: one α and one β within 25% at every size.
+# (≥ 10: an order of magnitude). A common reading of the tip — "larger blocks help up to a few MiB and
+# then have nothing left to give" — is judged at 4 MiB: "nothing left" means within 10% of the best
+# bandwidth (≥ 0.9). And the model is judged like lab 00's: one α and one β within 25% at every size.
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.tip1_verdicts(SWEEP.data))
 
 # %% [markdown]
-# **Explain.** Below $n_{1/2}$ the time is almost constant — that is $\alpha$, the host and launch work of
-# one call — so many small messages cost about one $\alpha$ each, whatever their size. Above it the
-# bandwidth keeps rising far past a few MiB (the table's "of the best" column), and one straight line $\alpha +
-# S/\beta$ does not follow it: NCCL picks a protocol (LL for small messages, Simple for large ones) and a
-# number of channels per call from the size, each choice with its own latency and bandwidth
-# (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` prints the choice per call). Read the table, not the fit,
-# for "how large is large enough".
+# **Explain.** Far below $n_{1/2}$ the time hardly changes with size (the table's first rows): that is
+# $\alpha$, the host and launch work of one call, so many small messages cost one $\alpha$ each, whatever
+# their size. Above it the bandwidth keeps rising far past a few MiB (the table's "of the best" column). Where
+# one straight line $\alpha + S/\beta$ misses the sweep, two things change with the size that the line does
+# not have. NCCL picks a protocol (LL for small messages, Simple for large ones) and a number of channels per
+# call from the size, each choice with its own latency and bandwidth
+# (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` prints the choice per call). And the sweep's sampling changes
+# at 8 MiB (see "How we time"): from there on a sample is one call alone, which pays the host's work to issue
+# it and then its transfer, one after the other, where with several calls to a sample the two overlap.
+# `x.to(peer)`, a copy engine with no protocol to pick, goes through the same change of sampling: where its
+# curve bends at 8 MiB too, the bend is the sampling's, not NCCL's. Section 4.4 times the same 16 MiB
+# broadcast with ten calls to a sample ("one flat tensor"): compare it with this table's 16 MiB row. Read the
+# table, not the fit, for "how large is large enough" — and time a call the way your program issues it, back
+# to back or alone.
 #
 # ### 4.2 · Source 002 §5.1: "pre-process the data to shrink what is transferred"
 #
@@ -411,8 +423,8 @@ claims.show(lab_claims.tip1_verdicts(SWEEP.data))
 claims.show(lab_claims.shrink_verdicts(SWEEP.data))
 
 # %% [markdown]
-# **Explain.** Above $n_{1/2}$ time follows bytes, so shrinking pays in proportion; below it the call is
-# all latency and shrinking saves nothing. Mind which pre-processing shrinks: cropping removes bytes,
+# **Explain.** Well above $n_{1/2}$ time follows bytes, so shrinking pays in proportion; far below it the
+# call is all latency and shrinking saves nothing. Mind which pre-processing shrinks: cropping removes bytes,
 # but *normalising* turns uint8 pixels into float32 — four times the bytes. Send the uint8 image and
 # normalise on the receiving GPU.
 #
@@ -452,9 +464,11 @@ claims.show(lab_claims.dtype_verdicts(API.data, DT.data))
 # %% [markdown]
 # **Explain.** Payload bytes set the time of a large transfer, so a narrower dtype is the real
 # lever (at a precision cost). A cast reads and writes GPU memory, which is much faster than the link,
-# so casting before sending is cheap; what is expensive is losing the NCCL path. On the fallback path the
-# conversion happens inside the addition kernel, and an fp16 input means fewer bytes to move — so the
-# mixed case is not slower.
+# so casting before sending is cheap. Tip 2 assumes a conversion that slows the call. On the NCCL path
+# there is no conversion: mixed dtypes are an error. On the fallback path the conversion happens inside the
+# addition kernel, and the fp16 input crosses the link as fp16 — half the bytes of the all-fp32 case, which
+# is what the second verdict weighs against the conversion. What the fallback path itself costs against
+# NCCL is in the chart (the two fallback bars against the NCCL fp32 bar).
 #
 # ### 4.4 · Tip 3: "avoid many input blocks, use a single block"
 #
@@ -498,8 +512,8 @@ pd.DataFrame({"tensors": counts, "loop (ms)": [t["median_ms"] for t in MANY.data
 claims.show(lab_claims.many_verdicts(MANY.data))
 
 # %% [markdown]
-# **Explain.** Each call pays $\alpha$ (Python, an output allocation, an NCCL group launch), so a loop
-# over $k$ tensors costs about $k\alpha$ however small they are; `broadcast_coalesced` pays it once per
+# **Explain.** Each call pays a fixed cost (Python, an output allocation, an NCCL group launch), so a loop
+# over $k$ tensors pays it $k$ times, however small the tensors; `broadcast_coalesced` pays it once per
 # bucket and is faster than the loop. But it still does work per tensor on the host, every call — for
 # thousands of small tensors that work, not the link, sets its time. The fix that removes it is to
 # *keep* the tensors in one flat buffer, as views of it: then every transfer is one call on one tensor,
@@ -602,10 +616,14 @@ claims.show(lab_claims.peer_copy_verdicts(SWEEP.data))
 # %% [markdown]
 # **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source
 # tensor itself, no copy. An output on the source GPU in `broadcast(out=…)` is a real extra copy and turns
-# NCCL off for the whole call, but what that costs depends on the size: for small messages the extra
-# host calls show, for large ones a copy engine moves the bytes over NVLink as fast as NCCL's kernel
-# does. And reduce-then-broadcast sends every byte twice, one direction at a time, where an all-reduce
-# uses both directions of every link at once.
+# NCCL off for the whole call, but what that costs depends on the size. For small messages the two copy
+# calls cost more host work than one NCCL call. For large ones the bytes between the GPUs go by a copy
+# engine, a DMA unit that streams one long copy, where NCCL's broadcast is a kernel that moves them chunk
+# by chunk through its buffers on the peer, with a handshake per chunk (lab 02 compares the two paths) —
+# and the extra local copy runs at GPU-memory speed. And reduce-then-broadcast sends every byte twice, one
+# direction at a time, where an all-reduce uses both directions of every link at once. The factor 2 of that
+# count assumes the all-reduce moves its bytes as fast as one broadcast; compare the two in the table: the
+# all-reduce also adds, and runs its ring in two phases (reduce-scatter, then all-gather).
 #
 # ### Exercise 3 — an all-reduce from reduce_add + broadcast
 #
@@ -676,12 +694,15 @@ claims.table(lab_claims.sweep_verdicts(SWEEP.data) + lab_claims.dtype_verdicts(A
 # **What to remember**
 # * `import torch.cuda.comm`; `broadcast` takes devices (or `out=`); the single-process
 #   all-reduce is `torch.cuda.nccl.all_reduce`; profile with `torch.profiler`.
-# * NCCL runs only for dense, contiguous tensors on *distinct* GPUs, with one dtype. Anything else
-#   falls back to copies — silently, dtype conversion included.
-# * Per call you pay a fixed $\alpha$; below $n_{1/2}$ that is all you pay, so fewer bytes save nothing there.
+# * NCCL runs for dense, contiguous tensors on *distinct* GPUs; there, mixed dtypes raise. Anything else
+#   (a non-contiguous tensor, two tensors on one GPU, an output on the source GPU) falls back to copies —
+#   silently, converting dtypes; a contiguous copy between two GPUs runs on a copy engine.
+# * Per call you pay a fixed $\alpha$; far below $n_{1/2}$ that is nearly all you pay, so fewer bytes save
+#   nothing there. A call issued alone pays the host's work and then its transfer; back to back, the host's
+#   work for the next call overlaps the transfer of the last.
 #   Coalescing saves calls but not per-tensor host work; a flat buffer with views saves both. Use one
 #   all-reduce rather than reduce + broadcast.
 #
-# **Next: lab 02.** From here on the course leaves the single process: one rank per GPU,
-# launched with `labutils.launch`, where every rank calls the same collectives of
-# `torch.distributed`.
+# **Next: lab 02.** From here on the course leaves the single process: one rank per GPU, every rank
+# calling the same collectives of `torch.distributed` — starting from the second source's
+# tensor-parallel program, run with its own `mp.spawn` launcher, then on a `labutils.RankPool`.
