@@ -20,7 +20,7 @@
 # or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 90 min of study (three exercises, five predictions); about 30 s to run on 2×H200, under a minute on a
+# **Time:** 90 min of study (three exercises, five predictions); about 45 s to run on 2×H200, about 40 s on a
 # 2-core CPU.
 
 # %% [markdown]
@@ -105,8 +105,8 @@ if __name__ == '__main__':
 '''
 
 # %% [markdown]
-# On 2 GPUs this is the run the source has in mind; on this machine it also runs once, and does what it
-# does here:
+# The table shows the run on 2 GPUs, the one the source has in mind. On a machine with fewer GPUs that run is
+# the recording, and the program also runs here once, in a second column:
 
 # %% tags=["nbval-ignore-output"]
 def run_as_written():
@@ -273,7 +273,8 @@ for rows in (1000, 999):
 # by an all-gather — hence its factor 2(n−1)/n. (PyTorch ≥ 2.13 renames the two `_tensor` functions
 # `all_gather_single` / `reduce_scatter_single`; `labutils.compat` calls whichever your torch has.)
 #
-# **Predict:** the NVLink peak of an H200 is 478 GB/s per direction (18 links of 26.56 GB/s). What busbw will <!-- not measured: datasheet -->
+# **Predict:** the NVLink line rate of an H200 is 478 GB/s per direction (18 links of 26.56 GB/s, <!-- not measured: nvidia-smi's link rate -->
+# as nvidia-smi reports them; the datasheet's data rate is 450 GB/s, lab 00). What busbw will <!-- not measured: datasheet -->
 # `all_gather_into_tensor` reach at 1 GiB on 2×H200?
 
 # %%
@@ -310,13 +311,13 @@ claims.show(sweep_verdicts(SWEEP.data))
 # kernel, the handshakes of its protocol — that a few KiB cannot amortise: the real content of the source's
 # "many small parts are slow" (the verdict's threshold: a small call reaching at most a tenth of the large
 # call's busbw). For large messages the fixed cost vanishes against the transfer, and busbw is the number to
-# compare with the datasheet (the threshold for "a large share" is half of it). The list version pays extra
-# copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a tenth more time,
-# above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you can gather into
-# one tensor.
+# compare with the link's peak (the dotted line; the threshold for "a large share" is half of it). The list
+# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a
+# tenth more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
+# can gather into one tensor.
 #
 # Since busbw already accounts for an all-reduce moving twice the bytes of an all-gather, one might expect the
-# two to reach the same busbw (within 10 %). The verdict above says whether they do.
+# two to reach the same busbw (within 10 %). Where they do not, the next measurement shows why.
 #
 # ### Why a collective gets less of the link than a copy
 # A copy from one GPU's memory into the other's (`y.copy_(x)` across devices) is done by a **copy engine**, a
@@ -353,15 +354,27 @@ else:
     print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
 
 # %% [markdown]
-# **Reading it.** The verdicts judge four things, each with a tenth as its margin — well above the run-to-run
-# spread the last figure reports: whether the link carries both directions at once at nearly the one-way rate
-# (if so, "both ways" cannot be the main cause); whether the all-gather moves less per direction than a copy
-# both ways (if so, the link is not what limits it); whether one process driving both GPUs gets the same
-# all-gather (if so, the process boundary is not the cause either); and whether giving NCCL more CTAs raises
-# the all-gather's busbw (if so, the number of channels is what limits it). NCCL's own send/recv both ways
-# shows what its kind of kernel reaches without a collective's steps. Compare with your prediction. NCCL's
-# default is a trade-off: in a training step communication overlaps compute, and every channel's SM is missing
-# from the matmuls beside it.
+# **Reading it.** The verdicts judge four things, each with a tenth as its margin (the table's last column is
+# each path's run-to-run spread, p10–p90; the last verdict prints the largest): whether the link carries both
+# directions at once at nearly the one-way rate (if so, "both ways" cannot be the main cause); whether the
+# all-gather moves less per direction than a copy both ways (if so, the link is not what limits it); whether
+# one process driving both GPUs gets the same all-gather (if so, the process boundary is not the cause
+# either); and whether giving NCCL more CTAs raises the all-gather's busbw (if so, the number of channels is
+# what limits it). NCCL's own send/recv both ways shows what its kind of kernel reaches without a collective's
+# steps. Compare with your prediction.
+#
+# **Where the one-process all-gather comes out slower**, look at what shares GPU 1 with it. While rank 0's
+# process drives both GPUs, rank 1's process has already entered the barrier that starts the next sample: an
+# NCCL kernel of its own, on GPU 1, spinning until rank 0 arrives. Kernels of two processes do not run side by
+# side on one GPU — without NVIDIA's MPS the GPU switches between the processes' contexts in time slices — so
+# rank 0's all-gather has GPU 1 only part of the time. A slower one-process all-gather therefore says nothing
+# against the process boundary either: were the boundary the cause, one process would have been faster.
+#
+# The same table answers the all-reduce vs all-gather verdict of section 2's sweep. Compare each collective's
+# row with 64 CTAs with its row under NCCL's choice: if the all-gather gains much more than the all-reduce and
+# the two come close, then at NCCL's default it is the all-gather that is short of channels — busbw's
+# definition is not what fails. NCCL's default is a trade-off: in a training step communication overlaps
+# compute, and every channel's SM is missing from the matmuls beside it.
 
 # %% [markdown]
 # ## 3 · "GPU-to-GPU transfers pay for serialisation" — tested
@@ -369,10 +382,11 @@ else:
 # A tensor is already a block of bytes in GPU memory. NCCL's kernels copy those bytes over NVLink into the
 # peer's memory (through NCCL's buffers, as above): nothing is serialised. Pickling happens only in the
 # *object* collectives — `all_gather_object`, `broadcast_object_list`, … — which turn any Python object into
-# bytes, all-gather the sizes, pad, all-gather the bytes and unpickle (the padding trick of exercise 1, done
-# by PyTorch). Their documentation warns: *"Calling all_gather_object() with GPU tensors is not well supported
-# and inefficient as it incurs GPU → CPU transfer since tensors would be pickled."* So measure both paths on
-# the same tensor, and count the bytes NVLink carried (NVML's data counter, when the machine exposes it).
+# bytes, all-gather the sizes, pad, all-gather the bytes and unpickle (the padding trick of section 1, with
+# the sizes exchanged first as in exercise 1 below, done by PyTorch). Their documentation warns: *"Calling
+# all_gather_object() with GPU tensors is not well supported and inefficient as it incurs GPU → CPU transfer
+# since tensors would be pickled."* So measure both paths on the same tensor, and count the bytes NVLink
+# carried (NVML's data counter, when the machine exposes it).
 #
 # **Predict:** how many times slower is `all_gather_object` than `all_gather_into_tensor` for a 16 MiB tensor?
 
@@ -469,13 +483,14 @@ for r, line in enumerate(POOL.run(uneven_source_style)):
     print(f"rank {r}: {line}")
 
 # %% [markdown]
-# `all_gather` into a list of *different* sizes is the remaining option: gloo refuses it, and PyTorch's NCCL
-# backend emulates it with one broadcast per rank (`ProcessGroupNCCL::allgather`, "unequal size" branch) —
-# correct, but n collectives instead of one.
+# `all_gather` into a list whose tensors have each rank's true block size (the same list on every rank) is the
+# remaining option: gloo refuses it, and PyTorch's NCCL backend emulates it with one broadcast per rank
+# (`ProcessGroupNCCL::allgather`, "unequal size" branch) — correct, but n collectives instead of one.
 #
 # **What imbalance costs.** A step is "compute, then all-gather"; rank 0 gets k times the rows of every other
-# rank. The all-gather cannot finish before rank 0 arrives, so the step takes as long as rank 0's compute, and
-# the other ranks wait *inside the collective*. One call measures this and tries the unequal-size list.
+# rank. The all-gather cannot finish before rank 0 arrives, so the step takes as long as rank 0's compute plus
+# the all-gather's own transfer, and the other ranks wait *inside the collective*. One call measures this and
+# tries the unequal-size list.
 #
 # **Predict:** with k = 4, how many times longer is a step than with k = 1?
 
@@ -763,9 +778,12 @@ claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 # %% [markdown]
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
 # all-reduce per forward pass and 2 per forward + backward, `t_allreduce` from section 2's alpha–beta fit.
-# Compute grows as hidden², the all-reduce only as hidden, so the model has wide layers approach the ideal
-# speedup and narrow ones lose to the all-reduce's fixed cost. Where the measurement falls below the model, the
-# halved matmuls ran less efficiently than half the big one (the model assumes exactly half the one-GPU time).
+# Compute grows as hidden², the all-reduce only as hidden, so in the model wide layers approach the ideal
+# speedup and narrow ones lose much or all of it to the all-reduce's fixed cost. The model counts GPU time
+# only, and takes each halved matmul to last exactly half the one-GPU time. Where the measurement falls below
+# it, look for what it leaves out: the host's work per step (Python, autograd, launching every kernel and the
+# NCCL call), which a narrow layer's short step cannot hide behind the GPU's; the wait for the slower rank
+# inside each all-reduce (next subsection); and halved matmuls too small to keep the GPU as busy as the whole.
 # The verdicts: "speeds up a wide MLP" needs at least half of the ideal extra speed
 # (1.5 on 2 GPUs), "slows down a narrow one" a speedup below 1, and the model "predicts" the wide step if
 # within a quarter. That is why tensor parallelism is used within a node (NVLink) and for wide layers, and why
@@ -817,10 +835,17 @@ else:
 
 # %% [markdown]
 # The transfer inside the step is the same work as in section 2's sweep, so the fit should predict it; the
-# verdict in the cell before the exercise says whether it does (within a quarter, at the largest size, where
-# fixed costs matter least). What a step adds is the wait: the ranks' matmuls and their hosts do not finish at the same instant, and
-# whichever rank is early waits inside the collective — the partition effect of section 4 on a small scale. A
-# model of a step built from standalone benchmarks must add it (or the ranks must be kept in lockstep).
+# verdict in the cell before the exercise judges that at the largest size, where fixed costs matter least
+# (within a quarter). At small sizes read the two columns knowing that the fit's α includes the host's cost of
+# issuing a call, which a kernel's own device time does not. What a step adds is the wait: the ranks' matmuls
+# and their hosts do not finish at the same instant, and whichever rank is early waits inside the collective —
+# the partition effect of section 4 on a small scale. A model of a step built from standalone benchmarks must
+# add it (or the ranks must be kept in lockstep).
+#
+# These kernel times come from steps run under `torch.profiler`, which adds host work to every operator it
+# records. In a short step whose pace the hosts set (the narrow layers), that extra work lets the ranks drift
+# further apart than they do unprofiled: where "in the step" exceeds the whole TP step of the table above
+# (timed without the profiler), the profiler has added to the wait it measures.
 #
 # These per-call times are recorded for the capstone (lab 06), which predicts them from its own fits:
 # `measured_ms` is the time in the step (the wait included), `kernel_ms` the transfer.
