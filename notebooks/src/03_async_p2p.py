@@ -9,19 +9,19 @@
 # **You will**
 # 1. run the source's isend/irecv program and see each defect happen: CPU tensors handed to NCCL, a
 #    wrong `torch.cat`, and, on GPUs, an exchange that never completes — reduced to a standalone script
-#    whose variants tell a deadlock by design from a failure inside NCCL;
+#    whose variants tell a deadlock by design from a failure inside NCCL, and the NCCL defect behind it;
 # 2. write the three correct exchanges (ordered send/recv, `batch_isend_irecv`, `all_gather_into_tensor`)
 #    and verify them bit for bit on every rank, on gloo and NCCL;
 # 3. know what `req.wait()` guarantees on CUDA (stream order, not the host);
-# 4. measure how much communication hides behind compute — NCCL kernels and copy-engine copies — and find
-#    out from a profiler trace why one copy does not;
+# 4. measure how much communication hides behind compute — NCCL kernels and copy-engine copies — and read
+#    from a profiler trace which engine a copy between GPUs runs on and what `copy_` makes it wait for;
 # 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked against
 #    torch's collectives, and time the ring against NCCL and against no GPU library at all.
 #
 # **GPUs:** 2 for the live path (NCCL). With fewer, every correctness cell runs on gloo (CPU tensors) and
 # every measurement is the recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 70 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 35 s on a
+# **Time:** 70 min of study (two exercises, six predictions); about 40 s to run on 2×H200, about 25 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
@@ -183,14 +183,15 @@ dist.destroy_process_group()
 # | variant | what it changes | what it tests |
 # |---|---|---|
 # | as written | nothing | what the source's exchange does on GPUs |
-# | as written, `NCCL_CUMEM_ENABLE=0` | NCCL shares its buffers between processes with CUDA IPC handles instead of the CUDA virtual-memory (`cuMem`) API | whether the failure depends on NCCL's transport |
+# | as written, `NCCL_CUMEM_ENABLE=0` | NCCL shares its buffers between processes with CUDA IPC handles instead of the CUDA virtual-memory (`cuMem`) API | whether the failure depends on how NCCL maps the peer's memory when it connects |
 # | pre-connected, then as written | one matched send/recv first, so NCCL has set up the connection before the exchange | whether the exchange itself, or the set-up of the connection, fails |
 # | `batch_isend_irecv` | the same requests, posted together | the fix NCCL's documentation prescribes |
 # | pre-connected, both ranks receive first | every rank posts its receive before its send | a circular wait that nothing can resolve |
 #
-# Every variant runs with `NCCL_DEBUG=WARN`, so NCCL's own warning line is kept when something fails
-# inside it. The processes take some seconds to start (each imports torch and creates its NCCL
-# communicator): they start now, in the background, and we look at the source's other defects meanwhile.
+# Every variant runs with `NCCL_DEBUG=WARN`, so that NCCL says in its own words (`NCCL WARN` lines, on a rank's
+# output) when something fails inside it. The processes take some seconds to start (each imports torch and
+# creates its NCCL communicator): they start now, in the background, and we look at the source's other defects
+# meanwhile.
 
 # %%
 VARIANTS = {                                        # name: (the script's argument, extra environment)
@@ -250,7 +251,12 @@ print(f"source as written, gloo, 3 ranks -> {THREE['status']}: {THREE['message']
 
 # %% [markdown]
 # ### 1d · The exchange on GPUs: what happened, and why
-# The runs started in 1a, collected (live with 2 GPUs, else as recorded on 2×H200 by this same code):
+# The runs started in 1a, collected (live with 2 GPUs, else as recorded on 2×H200 by this same code).
+# `evidence` is the line that decided the outcome; `rank 0's steps` is how far rank 0's host got (a step
+# printed is a call that returned). With `NCCL_DEBUG` set, NCCL writes to a rank's standard output, so its
+# own lines (its version, its `NCCL WARN`s) show up among the steps; the `NCCL WARN` column holds what it
+# wrote to standard error. `seconds` counts from the start of the runs until this cell found each one
+# finished: they ran while 1b and 1c did, so every run that ended before shows the same time.
 
 # %% tags=["nbval-ignore-output"]
 EXCHANGE = recorded.live_or_recorded("03_exchange_variants", lambda: EXCHANGE_RUNS.wait(), gpus_needed=2)
@@ -287,20 +293,34 @@ print(f"labutils rank processes besides the pools: {len(procs.leftover_ranks(ign
 # data arrives, and the data's send is queued behind the peer's receive. That deadlock is by design
 # (1e).
 #
-# **Why it may crash instead of hanging.** NCCL connects two ranks lazily, the first time they exchange
-# anything; with the source's order, the first operation of *both* ranks on the new pair is a send.
-# Setting up a connection means mapping the peer's buffers into this process: with `cuMem` (NCCL's
-# default on recent versions) through CUDA virtual-memory handles, with `NCCL_CUMEM_ENABLE=0` through
-# CUDA IPC handles. The program's own tensors play no part in that: every `isend` reads `result`, every
-# `irecv` writes a buffer of exactly `result`'s size, and all of them live until the end. The second
-# verdict above weighs the evidence: if the pre-connected exchange completes — same tensors, same calls,
-# only the connection already there — and switching NCCL's transport changes the failure, the fault lies
-# in setting up the connection, inside NCCL (its `NCCL WARN` line says which file), not in the program's
-# memory use. A GPU fault is then reported wherever the host next asks CUDA: NCCL's watchdog thread (it
-# aborts the process) or the next NCCL call (it raises `DistBackendError`).
+# **Why it can crash instead of hanging.** NCCL connects two ranks lazily, at their first point-to-point
+# call to each other, and sets up what the calls of that moment need: for a lone send, the sending side.
+# For two ranks that talk to each other, NCCL's set-up (`ncclTransportP2pSetup`) sends the peer one
+# message with this rank's connection details and assumes that the peer's message mirrors it: my send
+# side meets your receive side. In the source's order the first call of *both* ranks is a send, so each
+# rank receives the peer's *send-side* details and wires its own send connection with them, as if they
+# described where the peer receives. The send kernel then writes into, and waits on, memory that is not
+# the peer's receive buffer. The defect is diagnosed in NVIDIA/nccl pull request #2407 (*"both ranks do
+# `ncclSend` and then `ncclRecv` without a group … each rank ends up passing the peer's send-side info to
+# its own send connector"*), and NVIDIA's reviewer confirmed the diagnosis there. NCCL's documentation
+# allows this order to block (the circular wait above); crashing is not part of the contract.
 #
-# Either way the fix is the same as for the deadlock: post a rank's sends and receives so that they can
-# progress together — the third verdict — or in an order in which every send meets a posted receive.
+# What the miswired connection does next depends on how NCCL mapped the peer's memory: with `cuMem`
+# (NCCL's default on recent versions) through CUDA virtual-memory handles, with `NCCL_CUMEM_ENABLE=0`
+# through CUDA IPC handles. That is why the `NCCL_CUMEM_ENABLE=0` variant is in the table, and why its
+# outcome may differ from the as-written one. The program's own tensors play no part: every `isend` reads
+# `result`, every `irecv` writes a buffer of exactly `result`'s size, and all of them live until the end.
+# The second verdict weighs the evidence: if the pre-connected exchange completes — same tensors, same
+# calls, only the connection already set up by a matched pair — and the other memory mapping changes the
+# failure, the fault lies in setting up the connection, not in the program's memory use. An illegal memory
+# access on the GPU is reported wherever the host next asks CUDA: NCCL's watchdog thread (it aborts the
+# process), or the next NCCL call — `irecv`'s own connection set-up included (it raises
+# `DistBackendError`). Rank 0's steps in the table show how far its host got.
+#
+# The fix is the same for the crash and for the deadlock: post a rank's sends and receives together — the
+# third verdict: in one `batch_isend_irecv` both ranks set up both directions at once, so their set-up
+# messages mirror each other, and the operations progress together — or in an order in which every send
+# meets a posted receive.
 
 # %% [markdown]
 # ### 1e · A genuine deadlock, on purpose
@@ -464,8 +484,9 @@ plots.bar_plot(labels, values, ylabel="ms", annotate="{:.3g}", title=f"wait() un
 # the few percent a sample varies; the lower one separates a real gain from none.
 #
 # `overlap.overlap_experiment` moves 256 MiB (float32) against two kinds of compute — a bf16 matmul that
-# keeps every SM busy, and a memory-bound `x *= 1` over 256 MiB — each repeated `k` times so that compute
-# alone lasts about as long as the transfer alone. The transfers:
+# keeps every SM busy, and a memory-bound `x *= 1` over 256 MiB — each repeated `k` times, `k` picked from
+# one kernel's and one transfer's time so that compute alone comes close to the transfer alone (the table
+# prints both; E divides by the shorter). The transfers:
 # * NCCL `all_reduce`, and an NCCL send/recv pair to the ring neighbours: kernels on the SMs;
 # * a copy into a buffer on the next GPU by the GPU's **copy engines** (DMA units, no kernel), three ways:
 #   `Tensor.copy_` on every rank; `copy_` on rank 0 only; and the bare `cudaMemcpyAsync` that `copy_`
@@ -535,14 +556,30 @@ widgets.interact(show_case, case=widgets.Dropdown(
     layout=widgets.Layout(width=f"{max(len(n) for n in cases) + 12}ch")));
 
 # %% [markdown]
-# **Where overlap helps and where it cannot.** An NCCL transfer is itself a kernel: its channels occupy
-# SMs and it streams data through memory, so it shares the GPU with the compute it is supposed to hide
-# behind. A matmul that wants every SM loses some to NCCL (and NCCL waits for SMs the matmul holds); a
-# memory-bound kernel competes for the same HBM bandwidth.
+# **Where overlap helps and where it cannot.** Overlap hides a transfer only as far as the transfer and
+# the compute do not need the same part of the GPU. Where the verdicts above read PARTLY they do, and the
+# part they share differs by pair:
 #
-# A contiguous copy between GPUs is meant to be different: no kernel at all, a copy engine does it. Which
-# engine ran it, and which CUDA calls the host made for it, is in a profiler trace of one copy (rank 0's;
-# live with 2 GPUs, else as recorded):
+# * **matmul + NCCL** (`all_reduce`, send/recv). An NCCL transfer is itself a kernel: one thread block per
+#   channel, each resident on an SM for the whole transfer. A bf16 matmul is sized to keep every SM busy,
+#   so while both run the matmul has fewer SMs, and NCCL's blocks start only where SMs free up. Each slows
+#   the other, so the overlapped time stays above the longer of the two alone: E below 1.
+# * **memory-bound kernel + NCCL.** `x *= 1` over 256 MiB is limited by HBM bandwidth, not by SMs. NCCL's
+#   kernels move every byte through memory too: between processes the data lands in a buffer of NCCL's
+#   own on the receiving GPU, and the receiving kernel copies it out into the destination, so each byte
+#   is read and written more than once. Both want the bandwidth that limits each of them, and overlapping
+#   them can only gain what the memory system has to spare: a small E is what that competition looks like.
+# * **copy engine + compute.** A copy engine needs no SMs, so a copy has nothing to share with a matmul
+#   but memory bandwidth, of which a matmul uses little; the `rank 0 only` and `cudaMemcpyAsync` verdicts test
+#   that. Its bytes still cross HBM — it reads this GPU's memory and writes the other GPU's — so next to
+#   a memory-bound kernel it competes like NCCL does, and more when both ranks copy (each GPU then also
+#   takes in the other's copy): the memory-bound rows of the table, one rank copying against both, show
+#   how much.
+#
+# That leaves `copy_` on every rank behind a matmul: where it hides less than the bare `cudaMemcpyAsync` on
+# every rank, the difference is what `copy_` does around the copy. Which engine ran the copy, and which
+# CUDA calls the host made for it, is in a profiler trace of one copy (rank 0's; live with 2 GPUs, else as
+# recorded):
 
 # %% tags=["nbval-ignore-output"]
 PROFILES = OV.data.get("profiles", {})
@@ -565,13 +602,17 @@ if not PROFILES:
 # stream was doing, and makes everything issued there afterwards wait for the copy.
 #
 # Here each rank is its own process, and each rank's copy goes *to the other rank's GPU*, where the other
-# rank is computing. The barrier's events are recorded in *this* process's context on that GPU; a GPU
-# without MPS (NVIDIA's Multi-Process Service) runs one process's context at a time, switching between
-# them, so a barrier on a GPU busy with another process's kernels can wait for them. The three copy cases
-# separate the causes: one rank copying (the copy goes to a GPU whose rank is computing, but only one
-# barrier is involved), every rank copying with `copy_`, and every rank copying without the barrier.
-# Their verdicts say what each costs on this machine. The lesson does not depend on the numbers: "a copy
-# engine needs no SMs" does not make a copy free to overlap — the API around it decides what it waits for.
+# rank is computing. `copy_`'s events on that GPU are recorded and waited on in *this* process's context
+# there. A GPU without MPS (NVIDIA's Multi-Process Service) does not run kernels of two processes side by
+# side: it time-slices between their contexts, so work that one process queues on a GPU busy with another
+# process's kernels may wait for its turn. The three copy cases separate what costs: `copy_` on rank 0
+# only puts such foreign work on one GPU; the bare `cudaMemcpyAsync` on every rank copies in both
+# directions with no foreign work; `copy_` on every rank does both at once. Their verdicts say which of
+# them hides on this machine. If only the last falls short, neither a barrier on one GPU nor two copies
+# explains it alone — it takes barriers of both processes on both GPUs. The profiler here sees one
+# process, not how the GPU scheduled the two; a system-wide trace of both ranks (`nsys profile`) or the
+# same run under MPS would show it. The lesson does not depend on that detail: "a copy engine needs no
+# SMs" does not make a copy free to overlap — the API around it decides what it waits for.
 
 # %% [markdown]
 # The source's own example overlaps nothing: it calls `wait()` right after posting the requests and
@@ -602,12 +643,12 @@ def my_ring_all_gather(output, input):
 ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=GLOO)
 
 # %% [markdown]
-# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB
-# gathered (nccl-tests method: warm-ups, 10 back-to-back calls per sample, median of 5, slowest rank) —
-# and against the same all-gather *without* NCCL: each rank copies its GPU data to host memory, gloo
-# gathers it over TCP, and the result is copied back to the GPU. That is what moving GPU data between
-# processes costs without a library made for GPUs: the comparison behind the source's tip 4.2, "use an
-# efficient library such as NCCL".
+# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered
+# (nccl-tests method: warm-ups, 10 back-to-back calls per sample, median of 5, slowest rank) — and against the
+# same all-gather *without* NCCL (far slower, so one call per sample, median of 3): each rank copies its GPU
+# data to host memory, gloo gathers it over TCP, and the result is copied back to the GPU. That is what moving
+# GPU data between processes costs without a library made for GPUs: the comparison behind the source's tip 4.2,
+# "use an efficient library such as NCCL".
 
 # %%
 my_prediction_ring_busbw = None   # ✍ GB/s bus bandwidth of your ring at 256 MiB on 2×H200
@@ -648,8 +689,12 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd))
 # not test "NCCL or not". It tests one fused collective call against a sequence of steps written in
 # Python: the ring pays, per step, the Python and launch work of building and posting a batch of P2P
 # operations and waiting for it, plus a local copy, where NCCL's all-gather is one call that pipelines
-# every step inside one kernel. Per-step costs dominate small messages; on large ones both are bound by
-# the links. The first two verdicts check both ends, with thresholds stated in the rule.
+# every step inside one kernel. Per-step costs dominate small messages. On large ones they vanish next to
+# the transfer itself, and what is left is the same data movement over the same NCCL connections: with 2
+# ranks the ring is one send/recv step each way, which is what NCCL's ring all-gather moves too. That
+# common limit — how fast NCCL's kernels move data over this link — is what the second verdict calls
+# "bound by the links"; lab 02 compares it with the link's own rate. The first two verdicts check both
+# ends, with thresholds stated in the rule.
 
 # %% [markdown]
 # ## 5 · Exercise 2: a ring all-reduce
@@ -687,7 +732,9 @@ claims.table([v for name, m in ALL.items() for v in CLAIMS[name](m.data)])
 # * NCCL moves CUDA tensors; gloo moves CPU tensors.
 # * Unbatched `isend`+`irecv` pairs to the same peer share one NCCL stream: post them together
 #   (`batch_isend_irecv`) or in a matching order, and prefer the collective when one exists. A circular
-#   wait on the GPU never returns, and the host does not notice until it needs the data.
+#   wait on the GPU never returns, and the host does not notice until it needs the data. Two ranks whose
+#   first calls to each other are both sends also hit a defect in NCCL's lazy connection set-up: another
+#   reason to batch.
 # * When a program fails inside a library, shrink it to a standalone script and change one thing per run;
 #   the variants that pass tell you where the fault is.
 # * `wait()` orders the current stream, not the host: use the data on that stream (or make other streams
@@ -695,7 +742,8 @@ claims.table([v for name, m in ALL.items() for v in CLAIMS[name](m.data)])
 # * Overlap has to be arranged and measured: it hides a transfer only as far as the two do not compete for
 #   SMs, memory bandwidth, or the streams the transfer's API waits on.
 #
-# **Next: lab 04**, pipeline parallelism, where isend/irecv between stages meet overlap for real.
+# **Next: lab 04**, model and pipeline parallelism, where `send`/`recv` and `isend` carry each
+# micro-batch's activations and gradients between the stages of a model split across GPUs.
 
 # %%
 if GLOO is not POOL:

@@ -6,15 +6,16 @@
 #    that the split computes exactly what one device computes, forward and backward; find out why the split can
 #    *look* faster than one GPU.
 # 2. Read and run the GPipe loop (micro-batches, sends and receives between stages, gradient accumulation),
-#    predict its bubble (p−1)/(m+p−1), measure it for m = 1 … 16, and account for every part of the difference.
+#    predict its bubble (p−1)/(m+p−1), measure it for m = 1 … 16, and account for the difference part by part —
+#    with what is left unexplained printed too.
 # 3. Run the same model with `torch.distributed.pipelining` (GPipe and 1F1B), predict each stage's peak memory
 #    from its parts, and write the 1F1B loop yourself.
 #
 # **GPUs needed for the live path:** 2 (every measurement). With 1 GPU or none, every correctness check runs
 # live (gloo ranks on CPU tensors) and the measurements are the ones recorded on 2×H200, labelled so.
 #
-# **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 30 s to run on 2×H200,
-# about 1 min on a 2-core CPU.
+# **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 55 s to run on 2×H200,
+# about 30 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -146,13 +147,16 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 # moment, the same layers with the same shapes.
 #
 # **Then how can the split step be faster than one GPU?** Sharing no work, the split itself cannot be the reason.
-# A GPU does not compute at one fixed clock: it raises its SM clock as far as its power draw and temperature
-# allow, and lowers it under sustained full load. One GPU running steps back to back works without a pause; each
-# GPU of the split rests while the other works, so it may compute at a higher clock. The resting one-GPU
-# measurement isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second
-# verdict), the split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether
-# the clock is what changed. (The same effect lurks in every comparison of a busy GPU with a less busy one:
-# compare at the same duty, or the GPU's power management decides the result.)
+# A GPU does not compute at one fixed clock: its power management (GPU Boost) picks the SM clock from moment to
+# moment within the GPU's power, temperature and voltage limits, and some of those limits apply to power and
+# heat averaged over time. One GPU running steps back to back draws on that budget without a pause; each GPU of
+# the split rests while the other works, so it may compute at a higher clock. The resting one-GPU measurement
+# isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second verdict), the
+# split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether the clock is
+# what changed. The clock and power columns show what the GPU chose in each case — a higher clock draws more
+# power while it computes — not which limit made it choose; `nvidia-smi -q -d PERFORMANCE` lists the reasons the
+# driver reports. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the
+# same duty, or the GPU's power management decides the result.)
 #
 # Naive model parallelism lets a model that does not fit one GPU run at all; sharing no work, it cannot make the
 # work itself faster.
@@ -377,6 +381,10 @@ plots.timeline_plot(B["spans"]["8"], title=f"GPipe, p = {P}, m = 8, one measured
 #
 # A prediction counts as right within 2 percentage points, or within the measured bubble's own p10–p90 range
 # over the samples when that is wider: closer than the measurement scatters, two models cannot be told apart.
+# The 2 points are the resolution asked of a bubble model here, coarse enough that a host hiccup or a clock
+# change in one sample does not decide the verdict; the `tolerance` column prints which of the two applied.
+# A TRUE therefore means "within the tolerance", not "equal": at large m, where the whole bubble is a few
+# percent, 2 points is a large share of it, and the `not explained` column says what the model missed.
 
 # %% tags=["nbval-ignore-output"]
 breakdown = pd.DataFrame(analysis.bubble_breakdown(B)).set_index("m").astype(float)
@@ -395,7 +403,9 @@ claims.show(bubble_verdicts(B))
 # are small next to each forward and backward. As m grows they grow with it — stage imbalance and transfers
 # enter every one of the m + p − 1 slots — and the host has to issue ever shorter operations in time. The
 # verdicts above say up to which m the plain formula is enough, and whether the schedule with the measured parts
-# accounts for the rest.
+# accounts for the rest. What the simulation still leaves out is in `not explained`: among other things, it
+# gives every micro-batch its stage's median times, while a micro-batch slower than the median delays every one
+# after it, on both stages.
 #
 # The bubble is only half of the story of the step time. Smaller micro-batches run the same matrix multiplies
 # on fewer rows, which can keep the GPU less busy per operation; then each stage's *compute* per step grows with
@@ -520,9 +530,10 @@ if mem["one micro-batch kept"][0] is not None:
 # %% [markdown]
 # **What the memory says.** GPipe keeps every micro-batch's activations until the backward starts, so its peak
 # grows with m on every stage; 1F1B starts backwards early and caps stage s at p − s micro-batches (the last
-# stage: one) — the same bubble for less memory, which is why Megatron-LM trains with it. The fewer activations a
-# stage holds, the larger the share of its peak that the backward's own needs take — a weight-sized temporary per
-# weight being accumulated — and a prediction that counts only activations misses them.
+# stage: one) — the same bubble in the schedule (the step times printed above show what each took here) for less
+# memory, which is why Megatron-LM trains with it. The fewer activations a stage holds, the larger the share of
+# its peak that the backward's own needs take — a weight-sized temporary per weight being accumulated — and a
+# prediction that counts only activations misses them.
 #
 # ### Exercise 2: the 1F1B loop
 # Write `my_1f1b_step`, with the contract of `gpipe_step` (no `span` needed): stage s runs min(m, p − s)
@@ -591,5 +602,5 @@ claims.table(CLAIMS["04_naive_one_process"](nd) + CLAIMS["04_pipeline_bench"](B)
 #   bubble and caps the activations held; the memory verdict says whether held activations plus one backward's
 #   needs account for each stage's peak.
 #
-# **Next:** lab 05 makes ranks fail and hang on purpose — the source's isend/irecv pattern among them — and
-# reads what NCCL and `torch.distributed` report.
+# **Next:** lab 05 makes ranks fail and hang on purpose — the source's CPU tensors under NCCL and its hard-coded
+# port among them — and reads what NCCL and `torch.distributed` report.

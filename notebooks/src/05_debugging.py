@@ -13,8 +13,8 @@
 # **GPUs needed for the live path:** 2 (NCCL). Every failure is also made live on CPU ranks (gloo); what only
 # NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
 #
-# **Time:** 45 min of study (two exercises); about 45 s to run on 2×H200 — it fails and hangs on purpose, with
-# short timeouts, and runs independent failures side by side — about 2 min on a 2-core CPU.
+# **Time:** 45 min of study (two exercises); about 55 s to run on 2×H200 — it fails and hangs on purpose, with
+# short timeouts, and runs independent failures side by side — about 75 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -80,10 +80,10 @@ def timed_launch(name, fn, *args, **kw):
 # ## 1 · An exception in one rank
 #
 # Each rank is a separate process. When one raises, the others do not know: under NCCL they keep waiting in
-# their next collective, forever; under gloo they fail a moment later with *"Connection closed by peer"* —
-# a symptom, not the cause. `labutils.launch` turns this into one `RankError` within seconds: it names the
-# rank that failed **by itself** (not the ones that only lost their peer), shows *that* rank's traceback, and
-# kills every rank.
+# their next collective, until torch's own timeout ends them (section 3: ten minutes by default); under gloo
+# they fail a moment later with *"Connection closed by peer"* — a symptom, not the cause. `labutils.launch`
+# turns this into one `RankError` within seconds: it names the rank that failed **by itself** (not the ones that
+# only lost their peer), shows *that* rank's traceback, and kills every rank.
 
 # %% tags=["raises-exception"]
 def bad_rank(rank, world_size):
@@ -155,9 +155,11 @@ for r, rec in flight.items():
 # %% [markdown]
 # Under NCCL the host does not wait *inside* most collectives: `all_reduce` only enqueues work on the GPU and
 # returns, and the rank blocks later, wherever it first needs the result (`.item()`, `.cpu()`, returning it).
-# `barrier()` is the exception — it blocks the host until every rank has joined — which is why the `where`
-# above reads the same under NCCL and gloo. When a rank hangs somewhere that surprises you, look for the last
-# collective *before* that line; the flight recorder lists them in order, with their sequence numbers.
+# `barrier()` is the exception — it blocks the host until every rank has joined — which is why the `where` above
+# reads the same under NCCL and gloo. (NCCL has no barrier of its own: torch runs an `all_reduce` of one element
+# and waits for it on the host. Section 8's watchdog message shows it that way.) When a rank hangs somewhere
+# that surprises you, look for the last collective *before* that line; the flight recorder lists them in order,
+# with their sequence numbers.
 
 # %% [markdown]
 # ## 3 · torch's own timeout, NCCL's watchdog, and the flight-recorder dump
@@ -333,12 +335,14 @@ check.prediction_outcome(my_prediction_shapes,
 claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data))
 
 # %% [markdown]
-# **What that says.** The same mistake hangs, crashes or silently "works" depending on the backend, the
-# operation and even the message size: gloo aborts the rank whose buffer is too small for what it receives
-# (its last words, quoted in the error: *"Received data size doesn't match expected size"*) — but with 1 vs 2
-# elements it hangs instead (`tests/test_faults.py` pins both). NCCL's kernels trust that every rank passed
-# the same count; the verdicts above say what it did on 2×H200. Never rely on a symptom: make the mismatch
-# *loud*. Here is what DETAIL said, run beside them:
+# **What that says.** Neither backend checks that the calls match, so a mismatch does whatever the mismatched
+# calls happen to do, and that depends on the backend, the operation and even the message size. NCCL's kernels
+# trust that every rank passed the same count: each rank's kernel moves its own count, so a rank with fewer
+# elements can finish while its peer waits for data that never comes — where the error lists only some ranks
+# as unfinished, the others returned. gloo checks the size of what arrives and aborts the rank whose buffer is
+# too small (its last words, quoted in the error: *"Received data size doesn't match expected size"*) — but
+# with 1 vs 2 elements it hangs instead (`tests/test_faults.py` pins both). The verdicts above say what NCCL did
+# on 2×H200. Never rely on a symptom: make the mismatch *loud*. Here is what DETAIL said, run beside them:
 
 # %%
 detail_run = BACKGROUND.outcome("DETAIL")
@@ -472,10 +476,11 @@ print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info
 # **Reading the transport.** `P2P` means the GPUs read and write each other's memory directly — over NVLink
 # here. What follows the slash says how: `CUMEM`, the buffers are shared through CUDA's virtual-memory API;
 # `IPC`, through `cudaIpc` handles; a trailing `/read` would mean the receiver pulls the data. Each channel
-# appears once per direction; with two ranks every ring is `0 -> 1 -> 0` (with 8 GPUs you would see 8-rank
-# rings in different orders, chosen from the topology). If you ever see `SHM` or `NET/Socket` between GPUs of
-# one machine, peer-to-peer is disabled or impossible there (`NCCL_P2P_DISABLE=1`, a VM without P2P, GPUs on
-# different PCIe roots), and every transfer goes through host memory or the network stack instead.
+# appears once per direction; with two ranks every ring is `0 -> 1 -> 0` (with 8 GPUs you would see 8-rank rings
+# in different orders, chosen from the topology). If you ever see `SHM` or `NET/Socket` between GPUs of one
+# machine, peer-to-peer is disabled or impossible there (`NCCL_P2P_DISABLE=1`, a VM without P2P, GPUs that NCCL
+# finds too far apart for it, such as GPUs on different CPU sockets), and every transfer goes through host
+# memory or the network stack instead.
 #
 # **Reading the topology.** With `GRAPH` NCCL prints the graph it built of the machine — GPUs, NVSwitches
 # (`NVS`), PCIe switches, CPUs, network cards (`NIC`) and ports (`NET`) — and a bandwidth for every link,
@@ -493,8 +498,13 @@ claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
 
 # %% [markdown]
 # `NVS` is an **NVSwitch**: the GPUs' NVLinks do not go to each other but to the switch chips of the board,
-# which is why the path between the two GPUs has two hops. `0 nvls channels` in the summary: NVLink SHARP (reductions inside the NVSwitch) is off when
-# `NCCL_NVLS_ENABLE=0`, as the settings line shows on the reference machine.
+# which is why the path between the two GPUs has two hops. `0 NVLS` in the channel line of the summary: NVLink
+# SHARP (reductions inside the NVSwitch) is off when `NCCL_NVLS_ENABLE=0`, as the settings line shows on the
+# reference machine. The `CollNet` count beside it is not a sign of CollNet (reductions inside the network,
+# through a network plugin such as SHARP): NCCL's log line (`… coll channels, … collnet channels, …`) prints
+# the collective channel count in that slot too (in recent versions `src/init.cc` passes `comm->nChannels`
+# for both), so it repeats the first number. The network here is a socket on the loopback interface, which
+# has no CollNet.
 #
 # The `COLL` lines are the cheapest mismatch detector there is: one line per call per rank, with the
 # operation and element count. Two ranks whose lists differ are two ranks that disagree.
@@ -522,10 +532,16 @@ claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
 # **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
 # process-group timeout expired"*. Under NCCL the rank is killed by SIGABRT: labutils still names it and quotes
 # its last words (the watchdog's *"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
-# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The time to that error is the start-up and
-# the timeout, plus what the watchdog does before it aborts: it logs the collective's stack, signals the other
-# ranks through the store, and sleeps so that every rank can write its dump (the settings above keep that
-# short here; a real job should leave the dumps time). The dump files are what you would collect from every node of a real job;
+# OpType=…)"*) — `SeqNum` is the flight recorder's sequence number. The barrier appears there as an
+# `ALLREDUCE` of one element (section 2: torch's barrier under NCCL); the flight recorder, which records torch's
+# calls, names it `barrier`. The time to that error adds up: the launch's start-up — longer than a launch
+# alone, since this one started while section 4 started three more —, the timeout itself, and what the
+# watchdog does before it aborts: it logs the collective's stack, signals the other ranks through the store,
+# and sleeps so that every rank can write its dump (`TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC` keeps that sleep
+# short here; a real job should leave the dumps time). Then labutils sees the aborted rank and stops the
+# others. The table at the end of the lab sets that time beside the other failures'.
+#
+# The dump files are what you would collect from every node of a real job;
 # `python -m torch.distributed.flight_recorder.fr_trace <dir>` is torch's own analyser for them, and
 # `debugging.first_divergence` does the essential part of it. gloo writes no dump on a timeout — but
 # `RankTimeout.flight` (section 2) gets the same records by asking the live ranks.
