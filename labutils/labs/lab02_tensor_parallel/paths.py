@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ... import bandwidth, timing
-from ...compat import all_gather_into_tensor
+from ...compat import all_gather_into_tensor, nccl_group
 from ...config import rank_device
 
 
@@ -44,14 +44,6 @@ def _one_process_all_gather(rank: int, elements: int):
     inputs = [torch.zeros(elements // 2, dtype=torch.bfloat16, device=d) for d in devices]
     outputs = [torch.empty(elements // 2 * 2, dtype=torch.bfloat16, device=d) for d in devices]
     return lambda: nccl.all_gather(inputs, outputs)
-
-
-def _channel_group(ctas: int):
-    """A new NCCL communicator over all ranks whose calls use exactly ``ctas`` CTAs (channels)."""
-    opts = dist.ProcessGroupNCCL.Options()
-    opts.config.min_ctas = ctas
-    opts.config.max_ctas = ctas
-    return dist.new_group(backend="nccl", pg_options=opts)
 
 
 def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64), warmup: int = 2,
@@ -75,7 +67,7 @@ def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64)
     reduced = torch.zeros(elements, dtype=torch.bfloat16, device=dev)
     gathered = torch.empty(elements, dtype=torch.bfloat16, device=dev)
     shard = torch.zeros(elements // world_size, dtype=torch.bfloat16, device=dev)
-    groups = {None: None, **{c: _channel_group(c) for c in ctas}}
+    groups = {None: None, **{c: nccl_group(c) for c in ctas}}
 
     def repeated(fn):
         def loop(k):
