@@ -1,6 +1,7 @@
 """Lab 08 on real GPUs: data parallelism by hand, DDP, ZeRO-1/2 and FSDP2 over NCCL against one device /
 DDP (float64), the collective ledger and the profiler trace on CUDA, and the three measurement functions
-on a small transformer (structure, volumes, memory ordering; no timing asserts). Skipped without 2 GPUs.
+on a small transformer (structure, volumes, the memory a bucket view saves; no timing asserts),
+``compat.nccl_group``. Skipped without 2 GPUs.
 
 Run: pytest tests/gpu/test_lab08_gpu.py -q     (>= 2 GPUs; ~1 min, one NCCL pool for the module)
 """
@@ -11,7 +12,7 @@ import torch
 
 import labutils
 from labutils.labs.lab08_data_parallel import claims as C
-from labutils.labs.lab08_data_parallel import measure, reference, trace, verify
+from labutils.labs.lab08_data_parallel import measure, overlap, reference, steps, trace, verify
 from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
@@ -20,7 +21,8 @@ from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tes
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 SMALL_BENCH = {"d_model": 256, "n_heads": 4, "n_layers": 4, "seq": 128, "batch_per_rank": 4, "warmup": 1,
-               "repeat": 2, "bucket_caps_mb": [1, 64], "memory_rows": 1, "memory_seq": 16, "prefetch": 1}
+               "repeat": 2, "bucket_caps_mb": [1, 64], "ctas": [4], "memory_rows": 1, "memory_seq": 16,
+               "prefetch": 1}
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +74,56 @@ def test_zero_and_fsdp2_over_nccl(pool):
     assert r["FSDP2: communication per step in Ψ"] == "3.0"
 
 
+def test_nccl_group_with_a_fixed_cta_count():
+    """``compat.nccl_group(ctas)`` (lab 02's paths and lab 08's CTA sweep): a working communicator over all
+    ranks; DDP on it averages like DDP on the default group."""
+    def rank_fn(rank, world_size):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from labutils import compat
+        group = compat.nccl_group(2)
+        t = torch.full((1 << 20,), float(rank + 1), device="cuda")
+        dist.all_reduce(t, group=group)
+        summed = bool((t == world_size * (world_size + 1) / 2).all())
+        ddp = DDP(torch.nn.Linear(8, 8, device="cuda"), device_ids=[torch.cuda.current_device()], process_group=group)
+        ddp(torch.full((4, 8), float(rank), device="cuda")).sum().backward()
+        grad = ddp.module.weight.grad.clone()
+        dist.all_reduce(grad)  # the same on every rank after DDP's average: the sum is N times it
+        averaged = bool(torch.allclose(grad, world_size * ddp.module.weight.grad))
+        del ddp
+        dist.destroy_process_group(group)
+        return summed, averaged
+    for summed, averaged in labutils.launch(rank_fn, world_size=2, backend="nccl", timeout=300):
+        assert summed and averaged
+
+
 def test_measurements_on_a_small_transformer(pool, tmp_path):
     d = measure.ddp(pool, SMALL_BENCH, trace_dir=tmp_path)
-    assert d["compute_ms"] > 0 and all(r["step_ms"] > 0 and r["comm_ms"] > 0 for r in d["sweep"])
+    psi = M.n_params(SMALL_BENCH)
+    assert d["compute_ms"] > 0 and all(r["step_ms"] > 0 and r["no_sync_ms"] > 0 and r["comm_ms"] > 0
+                                       for r in d["sweep"])
     assert all(r["volume_psi"] == pytest.approx(2.0, rel=0.01) for r in d["sweep"])
-    assert d["sweep"][0]["n_buckets"] > d["sweep"][-1]["n_buckets"]
-    view, no_view = min(d["sweep"], key=lambda r: r["step_ms"]), d["no_bucket_view"]
-    assert no_view["state_bytes"] > view["state_bytes"]  # the bucket copy of the gradients
+    assert d["sweep"][0]["n_buckets"] > d["sweep"][1]["n_buckets"]
+    assert [r["ctas"] for r in d["sweep"]] == [None, None, 4] and d["cta_cap_mb"] in SMALL_BENCH["bucket_caps_mb"]
+    # gradient_as_bucket_view: the gradients are the buckets (dropping .grad frees nothing), or a copy beside
+    # them (dropping .grad frees 4 bytes per parameter); the memory held between steps differs by that copy
+    view, no_view = d["memory"]["view"], d["memory"]["no_view"]
+    assert view["grad_copy_bytes"] == 0
+    assert no_view["grad_copy_bytes"] == pytest.approx(4 * psi, rel=0.02)
+    assert no_view["state_bytes"] - view["state_bytes"] == pytest.approx(4 * psi, rel=0.05)
+    assert set(d["traces"]) == {"best", "best, no_sync", "one bucket"}
     for label, per_rank in d["traces"].items():
         assert len(per_rank) == 2
         for r, t in enumerate(per_rank):
-            assert t["n_comm_kernels"] >= 1 and t["comm_ms"] > 0, label
-            assert (tmp_path / t["file"]).exists() and t["file"].endswith(f"rank{r}.json.gz")
-    assert set(d["traces"]) == {"best bucket", "one bucket"}
-    C.ddp_verdicts(d)  # computable from a real recording
+            if label == "best, no_sync":
+                assert t["n_comm_kernels"] == 0, label  # no all-reduce under no_sync
+            else:
+                assert t["n_comm_kernels"] >= 1 and t["comm_ms"] > 0, label
+            assert t["idle_ms"] >= 0 and (tmp_path / t["file"]).exists() and t["file"].endswith(f"rank{r}.json.gz")
+    assert d["traces"]["one bucket"][0]["bucket_cap_mb"] == max(SMALL_BENCH["bucket_caps_mb"])
+    assert len(C.ddp_verdicts(d)) == 6  # computable from a real recording, the CTA verdict included
+    assert overlap.decomposition(d)["comm_cost"] == pytest.approx(
+        overlap.best(d)["step_ms"] - overlap.best(d)["no_sync_ms"])
 
     z = measure.zero(pool, SMALL_BENCH)
     peaks = [r["peak_bytes"] for r in z["rows"]]
@@ -95,6 +133,9 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
 
     f = C.fsdp_rows(measure.fsdp(pool, SMALL_BENCH))
     assert f["FSDP2"]["state_bytes"] < 0.7 * f["DDP"]["state_bytes"]
+    for name in measure.traced_variants(SMALL_BENCH):
+        assert len(f[name]["trace"]) == 2 and all(t["idle_ms"] >= 0 and t["n_comm_kernels"] >= 1
+                                                  for t in f[name]["trace"])
     assert f["FSDP2"]["volume_psi"] == pytest.approx(3.0, rel=0.02)
     assert f["FSDP2, reshard_after_forward=False"]["volume_psi"] == pytest.approx(2.0, rel=0.02)
 
@@ -108,7 +149,7 @@ def test_ledger_and_trace_see_nccl_inside_backward(tmp_path):
         m = M.build_transformer(SMALL_BENCH, device="cuda")
         ddp = DDP(m, device_ids=[torch.cuda.current_device()], bucket_cap_mb=1)
         x, y = M.token_batch(SMALL_BENCH, 2, device="cuda")
-        step = measure.train_step(ddp, torch.optim.AdamW(m.parameters()), x, y)
+        step = steps.train_step(ddp, torch.optim.AdamW(m.parameters()), x, y)
         step()
         with CollectiveLedger() as book:
             step()

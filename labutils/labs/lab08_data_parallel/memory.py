@@ -16,6 +16,7 @@ parameter, split 4 + 4 + 8. ``bytes_per_param(scheme, N, precision)`` gives both
 from __future__ import annotations
 
 import gc
+import time
 
 # (weights, gradients, optimizer state) in bytes per parameter
 PRECISIONS = {
@@ -54,6 +55,36 @@ def formula(scheme: str, precision: str = OURS) -> str:
 def predicted_bytes(scheme: str, n_params: int, world_size: int, precision: str = OURS) -> float:
     """``bytes_per_param * n_params``."""
     return bytes_per_param(scheme, world_size, precision) * n_params
+
+
+# ProcessGroupNCCL's watchdog thread looks at its list of collectives every 100 ms (kWatchdogThreadSleepMillis)
+WATCHDOG_PERIOD_S = 0.1
+
+
+def settle(device, groups=(None,)) -> None:
+    """Make ``torch.cuda.memory_allocated`` count only what the program itself holds: drop the references
+    the process groups still keep to tensors of finished collectives. Every rank must call it (it issues
+    one tiny collective per group). No-op off CUDA.
+
+    An asynchronous NCCL collective (DDP's bucket all-reduces) keeps its tensors alive until the caller
+    waits on its ``Work`` -- DDP waits on a future instead -- or until the group's watchdog thread has seen
+    it finish; the watchdog then hands the references back and they are dropped at the group's next
+    collective (``ProcessGroupNCCL::workEnqueue``). Until then a freed DDP's buckets, or the buckets DDP
+    replaced when it rebuilt them, still count as allocated: a measurement that forgets this is off by
+    whole buckets, by an amount that depends on thread timing. So: synchronize, wait out one watchdog
+    period and a half, issue one collective on every group, collect garbage.
+    """
+    import torch
+    import torch.distributed as dist
+    if getattr(device, "type", str(device)) != "cuda":
+        return
+    gc.collect()  # objects freed in reference cycles (a DDP and its reducer) let go of their tensors first
+    torch.cuda.synchronize(device)
+    time.sleep(1.5 * WATCHDOG_PERIOD_S)
+    for group in groups:
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
+    torch.cuda.synchronize(device)
+    gc.collect()
 
 
 def fresh_baseline(device) -> int:

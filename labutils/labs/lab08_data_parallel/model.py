@@ -25,8 +25,10 @@ import torch.nn.functional as F
 SMALL_TF = {"d_model": 32, "n_heads": 4, "n_layers": 3, "seq": 8, "batch_per_rank": 2}
 
 # Measurements on 2xH200 (see the module docstring). ~302 M parameters, 1.2 GB of fp32 gradients.
+# bucket_caps_mb: one bucket per weight (1), a few weights (16), a few blocks (256), everything (2048);
+# ctas: NCCL thread blocks per collective for the CTA sweep (NCCL's own choice is the sweep's baseline).
 BENCH = {"d_model": 1024, "n_heads": 16, "n_layers": 24, "seq": 1024, "batch_per_rank": 16,
-         "warmup": 3, "repeat": 5, "bucket_caps_mb": [1, 4, 16, 64, 256, 2048],
+         "warmup": 2, "repeat": 3, "bucket_caps_mb": [1, 16, 256, 2048], "ctas": [16, 8, 4, 2],
          "memory_rows": 1, "memory_seq": 64, "prefetch": 2}
 
 

@@ -1,4 +1,4 @@
-"""Record lab 08's GPU measurements without running the notebook (>= 2 GPUs; ~20 s on 2xH200).
+"""Record lab 08's GPU measurements without running the notebook (>= 2 GPUs; ~30 s on 2xH200).
 
     python -m labutils.labs.lab08_data_parallel.record                 # all three, saved + verdicts
     python -m labutils.labs.lab08_data_parallel.record ddp --no-save    # one of ddp / zero / fsdp, printed

@@ -3,6 +3,7 @@
     path = trace.profile_step(step, "traces/08_ddp_rank0.json.gz")   # chrome trace, gzip'd
     t = trace.summarize(trace.load_events(path), lane="rank 0")
     t["comm_ms"], t["overlap_ms"]            # NCCL kernel time, and how much of it ran beside compute
+    t["idle_ms"]                             # time in the step when no kernel at all ran on the GPU
     plots.timeline_plot(t["spans"])          # phases, compute kernels, NCCL kernels
 
 Open the file in https://ui.perfetto.dev (or chrome://tracing): one row per CUDA stream; DDP's
@@ -95,10 +96,12 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     """Kernels and phases of one profiled step, in ms from the first GPU event.
 
     Returns:
-        ``{"step_ms", "compute_ms", "comm_ms", "overlap_ms", "overlap_fraction", "n_comm_kernels",
-        "spans"}``: busy times are unions of kernel intervals; ``overlap_ms`` is the time NCCL kernels
-        ran while a compute kernel ran too; ``spans`` (for ``plots.timeline_plot``) are the phases and
-        the kernels merged where less than ``draw_gap_ms`` apart.
+        ``{"step_ms", "compute_ms", "comm_ms", "overlap_ms", "overlap_fraction", "idle_ms",
+        "n_comm_kernels", "spans"}``: busy times are unions of kernel intervals; ``overlap_ms`` is the
+        time NCCL kernels ran while a compute kernel ran too; ``idle_ms`` the time within the step when
+        no kernel, memcpy or memset ran (the GPU waited: for the CPU to issue work); ``spans``
+        (for ``plots.timeline_plot``) are the phases and the kernels merged where less than
+        ``draw_gap_ms`` apart.
 
     Raises:
         ValueError: the trace holds no GPU kernel (a CPU-only trace, or CUDA activity not recorded).
@@ -112,9 +115,11 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     iv = lambda e: (float(e["ts"]) / 1e3, (float(e["ts"]) + float(e.get("dur", 0))) / 1e3)  # noqa: E731
     comm = [iv(e) for e in kernels if e["name"].lower().startswith("nccl")]
     compute = [iv(e) for e in kernels if not e["name"].lower().startswith("nccl")]
+    copies = [iv(e) for e in events if e.get("ph") == "X" and e.get("cat") in ("gpu_memcpy", "gpu_memset")]
     t0 = min(a for a, _ in comm + compute + [iv(e) for e in phases])
     t1 = max(b for _, b in comm + compute + [iv(e) for e in phases])
     comm_ms, overlap_ms = total(comm), intersection(comm, compute)
+    busy = total([(max(a, t0), min(b, t1)) for a, b in comm + compute + copies if b > t0 and a < t1])
     spans = [{"lane": f"{lane} phase", "start_ms": a - t0, "end_ms": b - t0, "kind": e["name"], "label": e["name"]}
              for e, (a, b) in ((e, iv(e)) for e in phases)]
     spans += [{"lane": f"{lane} compute kernels", "start_ms": a - t0, "end_ms": b - t0, "kind": "compute"}
@@ -122,5 +127,5 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     spans += [{"lane": f"{lane} NCCL kernels", "start_ms": a - t0, "end_ms": b - t0, "kind": "NCCL"}
               for a, b in merge_close(comm, draw_gap_ms)]
     return {"step_ms": t1 - t0, "compute_ms": total(compute), "comm_ms": comm_ms, "overlap_ms": overlap_ms,
-            "overlap_fraction": overlap_ms / comm_ms if comm_ms else 0.0, "n_comm_kernels": len(comm),
-            "spans": spans}
+            "overlap_fraction": overlap_ms / comm_ms if comm_ms else 0.0,
+            "idle_ms": (t1 - t0) - busy, "n_comm_kernels": len(comm), "spans": spans}
