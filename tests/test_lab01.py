@@ -144,10 +144,27 @@ def test_time_on_devices_rejects_bad_counts_and_times_on_the_cpu():
     assert len(t.samples_ms) == 4 and t.median_ms > 0
 
 
-def test_plan_keeps_big_messages_cheap():
-    assert measure.plan(1024) == (2, 50, 5)
-    assert measure.plan(1 << 20) == (2, 8, 5)
-    assert measure.plan(1 << 30) == (1, 1, 3)
+def test_plan_puts_at_least_ten_calls_in_every_sample_and_keeps_big_messages_cheap():
+    assert measure.plan(1024) == (2, 50, 5)                 # about 8 MiB of calls, at most 50
+    assert measure.plan(1 << 20) == (2, 10, 5)              # 8 calls of 1 MiB would be too few
+    assert measure.plan(8 << 20) == measure.plan(128 << 20) == (2, 10, 5)
+    assert measure.plan(256 << 20) == measure.plan(1 << 30) == (1, 5, 3)
+    sizes = [1 << k for k in range(10, 31)]                  # the sweep: 1 KiB .. 1 GiB
+    assert min(measure.plan(s)[1] for s in sizes if s < 256 << 20) == 10
+    # the largest sizes: 16 calls of 1 GiB in all, so the sweep's device time stays small
+    assert sum(w + i * r for s in sizes if s >= 256 << 20 for w, i, r in [measure.plan(s)]) == 3 * 16
+
+
+def test_redundant_times_each_size_with_the_sweeps_plan(monkeypatch):
+    seen = []
+    real = measure.time_on_devices
+
+    def spy(fn, setup, **counts):
+        seen.append(counts)
+        return real(fn, setup, **counts)
+    monkeypatch.setattr(measure, "time_on_devices", spy)
+    measure.redundant(devices.cpu_standin(2), sizes_bytes=(1 << 10,))
+    assert seen and all(c == dict(zip(("warmup", "iters", "repeat"), measure.plan(1 << 10))) for c in seen)
 
 
 def test_experiments_need_two_devices():

@@ -70,10 +70,15 @@ def _need_two(setup: CommSetup) -> None:
 
 
 def plan(size_bytes: int) -> tuple[int, int, int]:
-    """(warmup, iters, repeat) for one message size: about 8 MiB per sample for small messages
-    (so an event pair's ~us resolution does not matter), 1 call x 3 samples from 256 MiB up."""
-    iters = max(1, min(50, (8 << 20) // max(int(size_bytes), 1)))
-    return (2, iters, 5) if size_bytes < (256 << 20) else (1, 1, 3)
+    """(warmup, iters, repeat) for one message size. Every sample holds at least 10 back-to-back
+    calls, so that the host's work to issue a call overlaps the transfer of the call before it at
+    every size, as in a loop of calls (a sample of one call would pay the host's work and then the
+    transfer, one after the other): about 8 MiB of calls per sample for small messages (up to 50,
+    so an event pair's ~us resolution does not matter), 10 calls x 5 samples up to 128 MiB, and
+    5 calls x 3 samples from 256 MiB up (the largest sizes, whose transfer dwarfs the host's work)."""
+    if size_bytes >= (256 << 20):
+        return (1, 5, 3)
+    return (2, max(10, min(50, (8 << 20) // max(int(size_bytes), 1))), 5)
 
 
 def sweep(setup: CommSetup, sizes_bytes=None, dtype=torch.float32) -> dict:
@@ -183,7 +188,8 @@ def many_small(setup: CommSetup, total_bytes: int = 16 << 20, counts=(1, 8, 64, 
 def redundant(setup: CommSetup, sizes_bytes=(64 << 10, 64 << 20)) -> dict:
     """Redundant transfers, per size: broadcast to the other GPUs vs to all (source included);
     ``out=`` without vs with a tensor on the source GPU (that one forces the copy path);
-    ``reduce_add`` + ``broadcast`` vs one ``nccl.all_reduce`` (same result on every GPU).
+    ``reduce_add`` + ``broadcast`` vs one ``nccl.all_reduce`` (same result on every GPU). Each case
+    is timed as the sweep times its size (``plan``: at least 10 calls per sample).
 
     Returns ``{"sizes": [...], "cases": {name: [timing dict per size]}}``.
     """
@@ -205,8 +211,10 @@ def redundant(setup: CommSetup, sizes_bytes=(64 << 10, 64 << 20)) -> dict:
             "reduce_add + broadcast": lambda: comm.broadcast(comm.reduce_add(xs, destination=devs[0]), devs),
             "nccl.all_reduce": lambda: nccl.all_reduce(xs),
         }
+        warmup, iters, repeat = plan(size)
         for name, fn in cases.items():
-            out["cases"].setdefault(name, []).append(_t(time_on_devices(fn, setup, iters=plan(size)[1])))
+            out["cases"].setdefault(name, []).append(
+                _t(time_on_devices(fn, setup, warmup=warmup, iters=iters, repeat=repeat)))
         del x, remote, with_local, xs, cases
     return out
 
