@@ -23,7 +23,8 @@ from labutils import bandwidth, claims, compat
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
-from labutils.labs.lab02_tensor_parallel.claims import CLAIMS, paths_verdicts, source_verdicts, tp_verdicts
+from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, paths_verdicts, source_verdicts, sweep_verdicts,
+                                                        tp_verdicts, wait_verdict)
 from labutils.solutions import lab02 as solution
 
 from notebook_defs import load_definitions
@@ -263,6 +264,39 @@ def test_split_calls_pairs_the_calls_across_ranks():
     assert steps.nccl_kernel_ms(lambda: None, 2, "cpu") == []
 
 
+def test_profiled_events_drop_the_warm_up_step():
+    from torch.profiler import ProfilerActivity, record_function
+    done = []
+
+    def step():
+        done.append(None)
+        with record_function(f"step{len(done)}"):
+            torch.ones(4).sum()
+    names = {e.name for e in steps.profiled_events(step, 2, [ProfilerActivity.CPU])}
+    assert {"step2", "step3"} <= names and "step1" not in names      # step 1 was the profiler's warm-up
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="calls must be an int"):
+            steps.profiled_events(step, bad, [ProfilerActivity.CPU])
+
+
+def _time_alone(rank, world_size):
+    made = []
+    group = dist.new_group(backend="gloo")
+
+    def make():
+        made.append(rank)
+        return lambda: torch.ones(256).sum()
+    out = paths.time_alone(rank, make, group, warmup=1, iters=2, repeat=3)
+    dist.destroy_process_group(group)
+    return out, made
+
+
+def test_time_alone_runs_on_rank_0_only_and_shares_its_result(pool3):
+    results = pool3.run(_time_alone)
+    assert [made for _, made in results] == [[0], [], []]
+    assert len({out for out, _ in results}) == 1 and results[0][0][0] > 0
+
+
 def test_nvlink_counter_absent_means_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as on a machine without NVML
     assert measure.nvlink_tx_bytes() is None
@@ -343,6 +377,28 @@ def test_tp_verdicts_use_the_kernel_times_when_recorded():
         r.update(allreduce_fwd_kernel_ms=r["allreduce_bytes"] / 330e6, allreduce_fwd_ms=2 * r["allreduce_bytes"] / 330e6)
     extra = tp_verdicts(coll, tp)[base:]
     assert [v.verdict for v in extra] == ["TRUE", "TRUE"]   # kernel at the fit's beta; in-step twice the transfer
+
+
+def _tp_row(hidden, in_step_ms, transfer_ms, step_ms):
+    return {"hidden": hidden, "allreduce_bytes": hidden * 4096 * 2, "allreduce_fwd_ms": in_step_ms,
+            "allreduce_fwd_kernel_ms": transfer_ms, "tp_fwd_ms": step_ms}
+
+
+def test_wait_verdict_judges_only_sizes_whose_in_step_time_fits_inside_their_step():
+    rows = [_tp_row(512, 0.65, 0.03, 0.37),     # longer than its whole unprofiled step: not judged
+            _tp_row(1024, 0.05, 0.045, 0.45)]
+    v = wait_verdict(rows)
+    assert v.verdict == "FALSE" and v.figure.startswith("at 8 MiB") and "1 of 2 sizes" in v.figure
+    rows[1]["allreduce_fwd_ms"] = 0.3
+    assert wait_verdict(rows).verdict == "TRUE"
+    assert wait_verdict(rows[:1]).verdict == "UNTESTED"
+    assert wait_verdict([dict(rows[1], allreduce_fwd_kernel_ms=None)]).verdict == "UNTESTED"
+
+
+def test_the_link_share_verdict_names_the_rate_it_judges_against():
+    coll = json.loads((RECORDED / "02_collectives.json").read_text())["data"]
+    (v,) = [x for x in sweep_verdicts(coll) if "large share of the link" in x.claim]
+    assert "NVLink line rate (nvidia-smi)" in v.figure and "datasheet" not in v.figure
 
 
 # ------------------------------------------------------------------ the exercise checkers

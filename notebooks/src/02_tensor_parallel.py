@@ -48,8 +48,8 @@ from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab02 as check
 from labutils.config import rank_device
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
-from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, model_train_ms, paths_verdicts,
-                                                        sweep_verdicts)
+from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_train_ms,
+                                                        paths_verdicts, sweep_verdicts)
 
 HW = hw.describe()
 MODE = HW.mode                                       # "multi-gpu", "single-gpu" or "cpu"
@@ -287,7 +287,7 @@ SWEEP_SIZES = bandwidth.size_sweep(4 * 2**10, 2**30, 4)      # 4 KiB ... 1 GiB
 def measure_collectives():
     sweep = POOL.run(measure.collective_sweep, SWEEP_SIZES, kwargs=dict(warmup=3, iters=10))[0]
     link = POOL.run(paths.link_paths, SWEEP_SIZES[-1])[0]        # the same bytes by every path (below)
-    return dict(sweep, paths=link, link_peak_gbps=HW.link_peak_gbps)
+    return dict(sweep, paths=link, link_peak_gbps=HW.link_peak_gbps, link_data_peak_gbps=HW.link_data_peak_gbps)
 
 
 SWEEP = recorded.live_or_recorded("02_collectives", measure_collectives, gpus_needed=2)
@@ -295,7 +295,9 @@ OPS = SWEEP.data["ops"]
 sizes = OPS["all_gather_into_tensor"]["size_bytes"]
 star = (sizes[-1], my_prediction_busbw_gbps) if my_prediction_busbw_gbps is not None else None
 plots.bandwidth_plot(sizes, {op: OPS[op]["busbw_gbps"] for op in OPS}, peak_gbps=SWEEP.data["link_peak_gbps"],
-                     peak_label="NVLink peak", prediction=star, ylabel="busbw (GB/s)",
+                     peak_label="NVLink line rate (nvidia-smi)",
+                     peaks={"NVLink data rate": SWEEP.data.get("link_data_peak_gbps")}, prediction=star,
+                     ylabel="busbw (GB/s)",
                      title=f"busbw, {SWEEP.data['world_size']} ranks, {SWEEP.data['dtype']} — {SWEEP.label}")
 
 # %% tags=["nbval-ignore-output"]
@@ -311,7 +313,9 @@ claims.show(sweep_verdicts(SWEEP.data))
 # kernel, the handshakes of its protocol — that a few KiB cannot amortise: the real content of the source's
 # "many small parts are slow" (the verdict's threshold: a small call reaching at most a tenth of the large
 # call's busbw). For large messages the fixed cost vanishes against the transfer, and busbw is the number to
-# compare with the link's peak (the dotted line; the threshold for "a large share" is half of it). The list
+# compare with the link: the verdict judges it against NVLink's line rate as nvidia-smi reports it (the dotted
+# line; "a large share" is at least half of it). The datasheet's data rate (dash-dot, where the recording has
+# it) is the lower ceiling a copy can approach (lab 00). The list
 # version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a
 # tenth more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
 # can gather into one tensor.
@@ -363,12 +367,13 @@ else:
 # what limits it). NCCL's own send/recv both ways shows what its kind of kernel reaches without a collective's
 # steps. Compare with your prediction.
 #
-# **Where the one-process all-gather comes out slower**, look at what shares GPU 1 with it. While rank 0's
-# process drives both GPUs, rank 1's process has already entered the barrier that starts the next sample: an
-# NCCL kernel of its own, on GPU 1, spinning until rank 0 arrives. Kernels of two processes do not run side by
-# side on one GPU — without NVIDIA's MPS the GPU switches between the processes' contexts in time slices — so
-# rank 0's all-gather has GPU 1 only part of the time. A slower one-process all-gather therefore says nothing
-# against the process boundary either: were the boundary the cause, one process would have been faster.
+# **How the one-process all-gather is timed.** The other paths take turns sample by sample, every rank in
+# step. The one-process all-gather is timed apart, after them: rank 0 runs it while every other rank waits in
+# a barrier of a gloo group — a wait on the host, with no kernel on any GPU (`paths.time_alone`). Waiting in
+# an NCCL barrier instead would leave a kernel of rank 1's own process spinning on GPU 1, and kernels of two
+# processes do not run side by side on one GPU: without NVIDIA's MPS the GPU switches between the processes'
+# contexts in time slices, and the all-gather would have GPU 1 only part of the time. Timed alone, the two
+# all-gathers differ only in how many processes drive the GPUs.
 #
 # The same table answers the all-reduce vs all-gather verdict of section 2's sweep. Compare each collective's
 # row with 64 CTAs with its row under NCCL's choice: if the all-gather gains much more than the all-reduce and
@@ -823,7 +828,9 @@ if WITH_CALLS:
                           "in the step (µs)": [1e3 * r["allreduce_fwd_ms"] for r in WITH_CALLS],
                           "transfer (µs)": [1e3 * t for t, _ in split],
                           "wait for the slower rank (µs)": [1e3 * w for _, w in split],
-                          "standalone fit (µs)": [1e3 * FIT.predict_ms(r["allreduce_bytes"]) for r in WITH_CALLS]},
+                          "standalone fit (µs)": [1e3 * FIT.predict_ms(r["allreduce_bytes"]) for r in WITH_CALLS],
+                          "whole TP fwd step (µs)": [1e3 * r["tp_fwd_ms"] for r in WITH_CALLS],
+                          "fits inside the step": [fits_its_step(r) for r in WITH_CALLS]},
                          index=pd.Index([r["hidden"] for r in WITH_CALLS], name="hidden")).round(1))
     display(plots.time_plot([r["allreduce_bytes"] for r in WITH_CALLS],
                             {"in the step (the longest kernel)": [r["allreduce_fwd_ms"] for r in WITH_CALLS],
@@ -842,10 +849,17 @@ else:
 # the partition effect of section 4 on a small scale. A model of a step built from standalone benchmarks must
 # add it (or the ranks must be kept in lockstep).
 #
-# These kernel times come from steps run under `torch.profiler`, which adds host work to every operator it
-# records. In a short step whose pace the hosts set (the narrow layers), that extra work lets the ranks drift
-# further apart than they do unprofiled: where "in the step" exceeds the whole TP step of the table above
-# (timed without the profiler), the profiler has added to the wait it measures.
+# How the profiler is kept from adding to the wait it measures: it records only the GPU's activity
+# (`ProfilerActivity.CUDA`). Recording every operator on the host as well adds host work to each step, and in
+# a short step whose pace the hosts set (the narrow layers) that lets the ranks drift further apart than they
+# do unprofiled. Its first step is a warm-up whose kernels are dropped (`torch.profiler.schedule` with
+# `warmup=1`): starting the profiler takes each rank its own time, which the rank that starts sooner would
+# spend waiting inside its first all-reduce. Kept calls are summarised by medians, over calls, of the longest
+# and the shortest kernel (`steps.split_calls`). And the verdict "an all-reduce can cost well beyond its
+# transfer", printed with the TP sweep above ("well beyond": the in-step time at least a quarter above the
+# transfer, at the size where it is furthest above), is judged only at the hidden sizes whose in-step time
+# fits inside the whole forward step timed without the profiler (the table's last column, `fits_its_step`):
+# a longer one can only have been lengthened by the profiling itself.
 #
 # These per-call times are recorded for the capstone (lab 06), which predicts them from its own fits:
 # `measured_ms` is the time in the step (the wait included), `kernel_ms` the transfer.

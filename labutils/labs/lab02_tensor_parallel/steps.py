@@ -16,6 +16,14 @@ arrived, so per call:
 * ``min`` over ranks = the transfer itself (the last rank's kernel hardly waits) -- what a standalone
   benchmark of the same all-reduce measures on the device.
 
+The profiler records the GPU's activity only (``ProfilerActivity.CUDA``): recording every operator on
+the host too adds host work to each step, and in a short step whose pace the hosts set that lets the
+ranks drift apart, lengthening the very waits measured. Its first step is a warm-up whose kernels are
+not kept (``torch.profiler.schedule(warmup=1)``): starting the profiler (above all the first time in a
+process) takes each rank its own time, and a rank that starts sooner spends the difference waiting
+inside its first all-reduce kernel. The verdict built on these times (``claims.wait_verdict``) also
+uses only the sizes whose in-step time fits inside their step timed without the profiler.
+
 On gloo (CPU) nothing is profiled on a device: the kernel fields are ``None`` and the lists empty.
 """
 from __future__ import annotations
@@ -34,20 +42,36 @@ from .verify import DTYPES
 NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")   # NCCL >= 2.19 and older names of its kernels
 
 
-def nccl_kernel_ms(step, calls: int, device) -> list[float]:
-    """Run ``step()`` ``calls`` times under ``torch.profiler`` and return the device time (ms) of each
-    NCCL kernel that ran on ``device``, in the order they started; [] on the CPU."""
-    if torch.device(device).type != "cuda":
-        return []
-    from torch.profiler import ProfilerActivity, profile
-    index = torch.device(device).index
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+def profiled_events(step, calls: int, activities, synchronize=lambda: None) -> list:
+    """``torch.profiler`` events of ``calls`` runs of ``step()``, after one warm-up run whose events are
+    dropped (``schedule(wait=0, warmup=1, active=calls)``: the profiler is running during the warm-up, so
+    its start-up cost falls there). ``synchronize()`` runs after the warm-up, so that its work has
+    finished before recording starts, and after the last call, so that every kernel is recorded."""
+    from torch.profiler import profile, schedule
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be an int >= 1 (profiled steps), got {calls!r}.")
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=calls, repeat=1)) as prof:
+        step()                                   # warm-up: profiled, then dropped
+        synchronize()
+        prof.step()                              # recording starts here and ends when the block exits
         for _ in range(calls):
             step()
-        torch.cuda.synchronize(device)
-    # the kernels themselves: not the "nccl:all_reduce" ranges PyTorch also draws on the GPU timeline
-    kernels = [e for e in prof.events() if "CUDA" in str(e.device_type) and int(e.device_index) == index
+        synchronize()
+    return list(prof.events())
+
+
+def nccl_kernel_ms(step, calls: int, device) -> list[float]:
+    """Run ``step()`` once (warm-up) and then ``calls`` times under ``torch.profiler`` (GPU activity only)
+    and return the device time (ms) of each NCCL kernel of those calls that ran on ``device``, in the
+    order they started; [] on the CPU."""
+    if torch.device(device).type != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity
+    index = torch.device(device).index
+    torch.cuda.synchronize(device)
+    events = profiled_events(step, calls, [ProfilerActivity.CUDA], lambda: torch.cuda.synchronize(device))
+    # the kernels themselves: not the "nccl:all_reduce" ranges PyTorch may also draw on the GPU timeline
+    kernels = [e for e in events if "CUDA" in str(e.device_type) and int(e.device_index) == index
                and not getattr(e, "is_user_annotation", False) and e.name.startswith(NCCL_KERNELS)]
     kernels.sort(key=lambda e: e.time_range.start)
     return [e.time_range.elapsed_us() / 1e3 for e in kernels]
