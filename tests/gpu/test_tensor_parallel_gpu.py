@@ -3,7 +3,8 @@
 Run: pytest tests/gpu/test_tensor_parallel_gpu.py -q   (one NCCL pool, one run of the source's program)
 The notebook's own classes (taken from its source) on CUDA tensors and NCCL: the checks of
 tests/test_tensor_parallel.py, bf16 closeness, the profiler's per-call all-reduce kernel times, the paths
-between the GPUs (copy engine, send/recv, communicators with fixed CTA counts), NCCL's unequal-size list
+between the GPUs (copy engine, send/recv, communicators with fixed CTA counts, one process driving two
+GPUs timed alone), NCCL's unequal-size list
 all_gather and the DETAIL shape check -- and the source's program run as written.
 """
 from __future__ import annotations
@@ -89,11 +90,15 @@ def test_profiled_steps_give_per_call_kernel_times(pool):
 
 
 def test_link_paths_measure_every_path(pool):
-    link = pool.run(paths.link_paths, 64 * 2**20, kwargs=dict(ctas=(8,), warmup=1, iters=2, repeat=2))[0]
+    every = pool.run(paths.link_paths, 64 * 2**20, kwargs=dict(ctas=(8,), warmup=1, iters=2, repeat=2))
+    link = every[0]
     names = {r["path"] for r in link["rows"]}
     assert {"copy engine, one way", "copy engine, both ways", "NCCL send/recv, both ways",
             "all_gather_into_tensor", "all_gather_into_tensor, 8 CTAs", "all_reduce, 8 CTAs", paths.ONE_PROCESS} <= names
     assert all(r["gbps_per_direction"] > 0 for r in link["rows"])
+    # the one-process all-gather is timed by rank 0 alone (time_alone) and shared: the same row on every rank
+    alone = [next(r for r in x["rows"] if r["path"] == paths.ONE_PROCESS) for x in every]
+    assert all(a == alone[0] for a in alone)
 
 
 def test_source_program_as_written_fails_on_cpu_tensors():
