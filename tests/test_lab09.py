@@ -85,6 +85,17 @@ def test_dtensor_plans_equal_the_hand_written_layers(pool):
     assert sp[0]["placements"]["norm.weight"] == "(Partial(sum),)"
 
 
+def test_dtensor_sp_step_sums_its_partial_gradients_like_the_hand_written_sync(pool):
+    """measure.block_sweep times the DTensor SP step with reduce_partial_grads after backward: then both SP
+    steps do the same work, and their local gradients are equal."""
+    for r in pool.run(verify.dtensor_step_sums_like_hand_written, nb.Block, nb.ParallelBlock, solution.sp_plan,
+                      solution.sync_sp_grads):
+        assert all(r["after"].values()), r["after"]
+        assert not r["before"]["norm.weight"] and not r["before"]["norm.bias"]    # partial before the sum
+        assert "Partial" not in "".join(r["placements"].values())
+        assert r["placements"]["norm.weight"] == "(Replicate(),)"
+
+
 def test_sp_sends_the_bytes_tp_sends_and_dtensor_the_same(pool):
     rows = pool.run(verify.traffic, nb.Block, nb.ParallelBlock,
                     kwargs=dict(sync=solution.sync_sp_grads,
@@ -152,6 +163,10 @@ def test_measurement_sweeps_run_and_return_what_the_verdicts_read(pool):
            "skew": pool.run(measure.skew_sweep, nb.MoE, nb.ExpertParallelMoE, nb.dispatch, [0.0, 50.0],
                             kwargs=dict(tokens=32, hidden=8, ffn=16, dtype="float32", **FAST))[0]}
     assert moe["skew"]["hot_share"][-1] == 1.0 and moe["skew"]["max_expert_rows"][-1] == 64
+    skew = moe["skew"]
+    for key in ("dispatch", "layer"):
+        spans = zip(skew[f"{key}_p10_ms"], skew[f"{key}_ms"], skew[f"{key}_p90_ms"])
+        assert all(lo <= mid <= hi for lo, mid, hi in spans)
     variants = {"TP": {"sequence_parallel": False}, "SP": {"sequence_parallel": True},
                 "DTensor SP": {"sequence_parallel": True, "plan": solution.sp_plan}}
     blocks = pool.run(measure.block_sweep, nb.Block, nb.ParallelBlock, variants, [8, 16],
@@ -310,11 +325,26 @@ def test_a_hang_becomes_an_exercise_error_with_a_hint(monkeypatch):
         check.all_to_all_p2p(_waits_forever)          # no pool: 3 fresh gloo ranks
 
 
+def _loaded(rank, world_size):
+    return [name for name in check.LAZY_MODULES if name in sys.modules]
+
+
+def test_warm_up_imports_what_torch_loads_on_first_use():
+    with labutils.RankPool(world_size=1, backend="gloo", output="quiet") as fresh:
+        assert fresh.run(_loaded) == [[]]
+        check.warm_up(fresh)
+        assert fresh.run(_loaded) == [list(check.LAZY_MODULES)]
+    with pytest.raises(ValueError, match="needs the pool"):
+        check.warm_up(None)
+
+
 def test_checkers_refuse_a_pool_that_is_not_gloo():
     class NcclPool:
         backend = "nccl"
     with pytest.raises(ValueError, match="backend='gloo'"):
         check.all_to_all_p2p(solution.all_to_all_single_p2p, pool=NcclPool())
+    with pytest.raises(ValueError, match="backend='gloo'"):
+        check.warm_up(NcclPool())
 
 
 # ------------------------------------------------------------------ verdict thresholds (pure)
@@ -334,11 +364,15 @@ def test_a2a_verdicts_follow_their_thresholds():
     assert bad == ["FALSE", "TRUE", "FALSE"]
 
 
-def _moe(dispatch_small: float, dispatch_large: float, skew_ms: float, layer_ms: float) -> dict:
+def _moe(dispatch_small: float, dispatch_large: float, skew_ms: float, layer_ms: float,
+         spread_ms: float | None = 0.002) -> dict:
+    skew = {"world_size": 2, "tokens": 65536, "hot_share": [0.5, 1.0], "busiest_bytes": [10**6, 3 * 10**6],
+            "max_expert_rows": [10, 20], "dispatch_ms": [1.0, skew_ms], "layer_ms": [1.0, layer_ms]}
+    if spread_ms is not None:        # recordings made before the samples' p10/p90 were kept have none
+        skew.update(dispatch_p10_ms=[t - spread_ms / 2 for t in skew["dispatch_ms"]],
+                    dispatch_p90_ms=[t + spread_ms / 2 for t in skew["dispatch_ms"]])
     return {"dispatch": {"tokens": [512, 65536], "dispatch_ms": [dispatch_small, dispatch_large],
-                         "rows_only_ms": [1.0, 1.0]},
-            "skew": {"world_size": 2, "hot_share": [0.5, 1.0], "busiest_bytes": [10**6, 3 * 10**6],
-                     "max_expert_rows": [10, 20], "dispatch_ms": [1.0, skew_ms], "layer_ms": [1.0, layer_ms]}}
+                         "rows_only_ms": [1.0, 1.0]}, "skew": skew}
 
 
 def test_moe_verdicts_follow_their_thresholds():
@@ -346,6 +380,29 @@ def test_moe_verdicts_follow_their_thresholds():
     fn = CLAIMS[("09_a2a_sweep", "09_moe")]
     assert [v.verdict for v in fn(a2a, _moe(2.5, 1.5, 1.02, 2.1))] == ["TRUE"] * 4
     assert [v.verdict for v in fn(a2a, _moe(1.5, 2.5, 2.0, 1.2))] == ["FALSE"] * 4
+
+
+@pytest.mark.parametrize("skew_ms,spread_ms,verdict", [
+    (1.02, 0.002, "TRUE"),            # rise 0.02 ms as predicted; spread 0.002 ms: resolved
+    (1.0, 0.002, "FALSE"),            # no rise at all, where the predicted one stands above the noise
+    (1.0149, 0.002, "FALSE"),         # 25.5% below the predicted rise: just outside 25%
+    (1.0151, 0.002, "TRUE"),          # 24.5% below: just inside
+    (1.014, 0.009, "TRUE"),           # 30% below, but the spread (45% of the rise) widens the tolerance
+    (1.0, 0.0099, "FALSE"),           # the widest tolerance (spread just under half the rise) still fails no rise
+    (1.0, 0.0101, "NOT RESOLVED"),    # predicted rise under 2 spreads: no rise cannot be told from the predicted
+    (1.02, 0.0101, "NOT RESOLVED"),   # ... nor can agreement
+    (1.02, None, "NOT RESOLVED"),     # no spread recorded
+])
+def test_skew_verdict_judges_the_rise_only_above_the_noise(skew_ms, spread_ms, verdict):
+    got = CLAIMS[("09_a2a_sweep", "09_moe")](_a2a(1.0), _moe(2.5, 1.5, skew_ms, 2.1, spread_ms))[2]
+    assert got.verdict == verdict, got.line()
+    assert "dispatch rise" in got.figure and "NOT RESOLVED if" in got.rule
+
+
+def test_rise_verdict_refuses_a_failed_measurement():
+    from labutils.labs.lab09_all_to_all.claims import rise_verdict
+    with pytest.raises(ValueError, match="non-finite"):
+        rise_verdict("c", float("nan"), 1.0, 0.1, figure="f")
 
 
 def _blocks(sp_held: float, sp_time: float, dt_small: float) -> dict:

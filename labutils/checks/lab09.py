@@ -3,7 +3,8 @@
 Each runs the learner's function on 3 gloo ranks (CPU tensors: the same text on every machine) and
 prints ``✓ ...`` or raises ``ExerciseError`` with a HINT chosen from the symptom. A stub that raises
 NotImplementedError is "not attempted": the checker says so and checks the reference solution instead.
-Pass ``pool=`` a gloo ``labutils.RankPool`` to reuse its ranks; otherwise each check launches 3 ranks.
+Pass ``pool=`` a gloo ``labutils.RankPool`` to reuse its ranks (``warm_up(pool)`` does their slow first
+imports ahead, while another pool starts); otherwise each check launches 3 ranks.
 ``sync_sp_grads`` and ``sp_plan`` return the function the rest of the notebook should use: yours once
 it passes, else the reference.
 """
@@ -46,6 +47,33 @@ def _or_reference(fn, reference, *args):
         return fn(*args), False
     except NotImplementedError:
         return reference(*args), True
+
+
+# ----------------------------------------------------------------------------- set-up
+LAZY_MODULES = ("torch._dynamo", "torch.distributed.tensor")
+
+
+def _import_lazy_modules(rank: int, world_size: int) -> list[str]:
+    import importlib
+    import sys
+    for name in LAZY_MODULES:
+        importlib.import_module(name)
+    return [name for name in LAZY_MODULES if name in sys.modules]
+
+
+def warm_up(pool) -> None:
+    """Import on ``pool``'s ranks what the checkers need and torch imports only on first use: DTensor
+    (exercise 4) and ``torch._dynamo``, which the first TorchDispatchMode (exercise 1's ledger) or DTensor
+    operation imports (``torch/_compile.py``) -- seconds per process. Called while another pool is still
+    starting (``RankPool(..., wait=False)``), the two waits overlap instead of adding up. Prints nothing.
+
+    Raises:
+        ValueError: no pool, or a pool that is not gloo (the checkers run on CPU tensors).
+    """
+    if pool is None:
+        raise ValueError("warm_up needs the pool the checkers will use. HINT: pass the gloo pool, e.g. "
+                         "labutils.RankPool(world_size=3, backend='gloo', wait=False).")
+    _run(pool, _import_lazy_modules)
 
 
 # ----------------------------------------------------------------------------- exercise 1

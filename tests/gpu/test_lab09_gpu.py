@@ -61,6 +61,13 @@ def test_sequence_parallel_and_dtensor_on_nccl(pool):
                               kwargs=dict(sequence_parallel=True)))
 
 
+def test_dtensor_sp_step_sums_its_partial_gradients_on_nccl(pool):
+    for r in pool.run(verify.dtensor_step_sums_like_hand_written, nb.Block, nb.ParallelBlock, solution.sp_plan,
+                      solution.sync_sp_grads):
+        assert all(r["after"].values()) and not r["before"]["norm.weight"], r
+        assert "Partial" not in "".join(r["placements"].values())
+
+
 def test_ledger_sees_backward_collectives_on_cuda(pool):
     rows = pool.run(verify.traffic, nb.Block, nb.ParallelBlock,
                     kwargs=dict(sync=solution.sync_sp_grads,
@@ -112,6 +119,8 @@ def test_measurements_on_nccl(pool):
     s = pool.run(measure.skew_sweep, nb.MoE, nb.ExpertParallelMoE, nb.dispatch, [0.0, 50.0],
                  kwargs=dict(tokens=256, hidden=64, ffn=128, **FAST))[0]
     assert s["hot_share"][-1] == 1.0      # every token to expert 0: the other ranks receive nothing
+    spans = zip(s["dispatch_p10_ms"], s["dispatch_ms"], s["dispatch_p90_ms"])
+    assert all(lo <= mid <= hi for lo, mid, hi in spans)
     variants = {"TP": {"sequence_parallel": False}, "SP": {"sequence_parallel": True},
                 "DTensor TP": {"sequence_parallel": False, "plan": nb.tp_plan},
                 "DTensor SP": {"sequence_parallel": True, "plan": solution.sp_plan}}

@@ -5,6 +5,8 @@ and ``tests/test_claims.py`` re-derives them from ``notebooks/recorded/09_*.json
 """
 from __future__ import annotations
 
+import math
+
 from ... import bandwidth, claims
 from ...bandwidth import format_size
 
@@ -43,23 +45,65 @@ def skew_dispatch_predicted_ms(a2a: dict, skew: dict) -> list[float]:
     return [base_ms + (b - base_bytes) * n / (n - 1) / (fit.beta_gbps * 1e9) * 1e3 for b in skew["busiest_bytes"]]
 
 
+NOT_RESOLVED = "NOT RESOLVED"
+RISE_RESOLVED_SPREADS = 2.0  # a predicted rise is judged only when it is at least this many p10-p90 spreads
+RISE_TOLERANCE = 0.25        # the measured rise may differ from the predicted by this, or by the spread if larger
+
+
+def rise_verdict(claim: str, measured_ms: float, predicted_ms: float, spread_ms: float | None, *,
+                 figure: str) -> claims.Verdict:
+    """Judge a predicted rise (a difference of two times) against the measured one, only where the noise
+    cannot fake the answer.
+
+    The measured rise is a difference of two medians; each one can sit anywhere in its samples' p10-p90
+    range, so noise alone can move the difference by up to about ``spread_ms``, the larger of the two
+    ranges. Below ``RISE_RESOLVED_SPREADS`` spreads the rise is NOT RESOLVED: a rise of zero could not be
+    told from it. Above, TRUE if the measured rise is within ``max(RISE_TOLERANCE, spread / predicted)``
+    (at most half the predicted rise) of it: a dispatch that did not slow down is off by 100% and fails.
+    """
+    rule = (f"{NOT_RESOLVED} if the predicted rise < {RISE_RESOLVED_SPREADS:g} x the p10-p90 spread of the "
+            f"samples; else TRUE if the measured rise is within max({RISE_TOLERANCE:.0%}, spread / predicted)")
+    for v in (measured_ms, predicted_ms, 0.0 if spread_ms is None else spread_ms):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot judge {claim!r} from a non-finite time {v!r}. "
+                             "HINT: the measurement behind it failed; look at the cell that made it.")
+    if spread_ms is None or predicted_ms <= 0 or predicted_ms < RISE_RESOLVED_SPREADS * spread_ms:
+        return claims.Verdict(claim, figure, rule, NOT_RESOLVED)
+    tol = max(RISE_TOLERANCE, spread_ms / predicted_ms)
+    err = abs(measured_ms / predicted_ms - 1.0)
+    return claims.Verdict(claim, figure, f"{rule} (off by {err:.0%}, allowed {tol:.0%})",
+                          claims.TRUE if err <= tol else claims.FALSE)
+
+
+def _skew_spread_ms(s: dict) -> float | None:
+    """The larger p10-p90 range of the dispatch samples, uniform router and most skewed; None when the
+    recording has no p10/p90 (made before they were recorded)."""
+    if "dispatch_p10_ms" not in s:
+        return None
+    return max(s["dispatch_p90_ms"][i] - s["dispatch_p10_ms"][i] for i in (0, -1))
+
+
 def moe_verdicts(a2a: dict, data: dict) -> list[claims.Verdict]:
     d, s = data["dispatch"], data["skew"]
     small, large = d["dispatch_ms"][0] / d["rows_only_ms"][0], d["dispatch_ms"][-1] / d["rows_only_ms"][-1]
     predicted = skew_dispatch_predicted_ms(a2a, s)
+    rise, predicted_rise = s["dispatch_ms"][-1] - s["dispatch_ms"][0], predicted[-1] - predicted[0]
+    spread = _skew_spread_ms(s)
     rows_ratio = s["max_expert_rows"][-1] / s["max_expert_rows"][0]
     layer_ratio = s["layer_ms"][-1] / s["layer_ms"][0]
     share = f"expert 0's share {s['hot_share'][0]:.0%} -> {s['hot_share'][-1]:.0%}"
+    noise = "p10-p90 spread not recorded" if spread is None else f"p10-p90 spread {spread * 1e3:.0f} us"
     return [
         claims.at_least("on a small dispatch the bookkeeping (sort, counts exchanged and waited for, permutation) "
                         "costs more than moving the rows", small, 2.0,
                         figure=f"dispatch / rows-only all_to_all = {small:.2f}x at {d['tokens'][0]} tokens per rank"),
         claims.at_most("on a large dispatch moving the rows is most of the time", large, 2.0,
                        figure=f"dispatch / rows-only all_to_all = {large:.2f}x at {d['tokens'][-1]} tokens per rank"),
-        claims.within("a skewed router slows the dispatch as section 1's alpha-beta fit predicts from the busiest "
-                      "link's bytes", s["dispatch_ms"][-1], predicted[-1], 0.25,
-                      figure=f"{share}: dispatch {s['dispatch_ms'][-1]:.3f} ms, predicted {predicted[-1]:.3f} ms "
-                             f"(uniform {s['dispatch_ms'][0]:.3f} ms)"),
+        rise_verdict("a skewed router slows the dispatch by what section 1's alpha-beta fit predicts for the "
+                     "busiest link's extra bytes", rise, predicted_rise, spread,
+                     figure=f"{share} at {s['tokens']} tokens per rank: dispatch rise {rise * 1e3:.0f} us, "
+                            f"predicted {predicted_rise * 1e3:.0f} us (uniform {s['dispatch_ms'][0]:.3f} ms; "
+                            f"{noise})"),
         claims.within("a skewed router slows the MoE layer as much as the busiest expert's rows grow",
                       layer_ratio, rows_ratio, 0.25,
                       figure=f"{share}: layer {layer_ratio:.2f}x slower, busiest expert {rows_ratio:.2f}x the rows"),

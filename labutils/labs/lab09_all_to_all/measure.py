@@ -35,6 +35,29 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _seeded(make, seed: int, device: torch.device):
+    """``make()`` with its parameters created on ``device`` from ``seed`` (every rank starts its generator of
+    that device from the seed, so the ranks agree), without filling a CPU copy first: a large layer's
+    initialisation and copy cost seconds on the CPU."""
+    cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
+        torch.manual_seed(seed)
+        return make()
+
+
+def _generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator on ``device``: inputs are drawn where they are used, not filled on the CPU and copied."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _loop(call):
+    """``call`` as a loop for ``timing.benchmark_loops``: ``loop(k)`` calls it k times back to back."""
+    def loop(k: int) -> None:
+        for _ in range(k):
+            call()
+    return loop
+
+
 # ------------------------------------------------------------------------------ part 1
 def collective_sweep(rank: int, world_size: int, sizes_bytes, *, dtype: str = "bfloat16",
                      warmup: int = 5, iters: int = 20, repeat: int = 5) -> dict:
@@ -72,7 +95,7 @@ def collective_sweep(rank: int, world_size: int, sizes_bytes, *, dtype: str = "b
 # ------------------------------------------------------------------------------ part 2
 def _count_matrix(dest: torch.Tensor, n: int) -> torch.Tensor:
     """``m[s, d]`` = rows rank s sends to rank d, on every rank (an all-gather of the counts)."""
-    mine = torch.bincount(dest, minlength=n)
+    mine = torch.zeros(n, dtype=torch.long, device=dest.device).index_add_(0, dest, torch.ones_like(dest))
     out = torch.empty(n * n, dtype=mine.dtype, device=mine.device)
     compat.all_gather_into_tensor(out, mine)
     return out.view(n, n).cpu()
@@ -89,63 +112,72 @@ def dispatch_sweep(rank: int, world_size: int, dispatch, tokens_list, *, hidden:
                    dtype: str = "bfloat16", warmup: int = 3, iters: int = 10, repeat: int = 5,
                    seed: int = 0) -> dict:
     """Time ``dispatch(rows, dest, group)`` (counts exchanged, then rows) over token counts, routing
-    uniform at random; and the rows' ``all_to_all_single`` alone, with the counts already known."""
+    uniform at random; and the rows' ``all_to_all_single`` alone, with the counts already known. The two
+    take turns sample by sample (``timing.benchmark_loops``), so a drift of the machine hits both alike."""
     device, dt, n = rank_device(), _dtype(dtype), world_size
     out = {"world_size": n, "hidden": hidden, "dtype": dtype, "tokens": [], "size_bytes": [],
            "dispatch_ms": [], "rows_only_ms": [], "busiest_bytes": []}
     for tokens in tokens_list:
-        gen = torch.Generator().manual_seed(seed + 1000 * rank + tokens)   # each rank its own tokens
-        x = torch.randn(tokens, hidden, generator=gen).to(device, dt)
-        dest = torch.randint(0, n, (tokens,), generator=gen).to(device)
-        t_dispatch = timing.benchmark_collective(lambda: dispatch(x, dest, None), warmup=warmup,
-                                                 iters=iters, repeat=repeat)
+        gen = _generator(seed + 1000 * rank + tokens, device)          # each rank its own tokens
+        x = torch.randn(tokens, hidden, generator=gen, device=device, dtype=dt)
+        dest = torch.randint(0, n, (tokens,), generator=gen, device=device)
         matrix = _count_matrix(dest, n)
         send, recv = matrix[rank].tolist(), matrix[:, rank].tolist()
         rows = x[torch.argsort(dest, stable=True)]
         got = rows.new_empty((sum(recv), hidden))
-        t_rows = timing.benchmark_collective(
-            lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv, input_split_sizes=send),
+        t = timing.benchmark_loops(
+            {"dispatch": _loop(lambda: dispatch(x, dest, None)),
+             "rows only": _loop(lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv,
+                                                               input_split_sizes=send))},
             warmup=warmup, iters=iters, repeat=repeat)
         out["tokens"].append(tokens)
         out["size_bytes"].append(tokens * hidden * dt.itemsize)
-        out["dispatch_ms"].append(t_dispatch.median_ms)
-        out["rows_only_ms"].append(t_rows.median_ms)
+        out["dispatch_ms"].append(t["dispatch"].median_ms)
+        out["rows_only_ms"].append(t["rows only"].median_ms)
         out["busiest_bytes"].append(busiest_bytes(matrix, hidden * dt.itemsize))
     return out
 
 
 def skew_sweep(rank: int, world_size: int, MoE, ExpertParallelMoE, dispatch, router_biases, *,
-               tokens: int = 16384, hidden: int = 2048, ffn: int = 8192, dtype: str = "bfloat16",
-               warmup: int = 3, iters: int = 10, repeat: int = 5, seed: int = 0) -> dict:
+               tokens: int = 65536, hidden: int = 2048, ffn: int = 8192, dtype: str = "bfloat16",
+               warmup: int = 3, iters: int = 10, repeat: int = 5, layer_warmup: int = 1, layer_iters: int = 2,
+               seed: int = 0) -> dict:
     """A top-1 MoE layer, one expert per rank, whose router favours expert 0 by ``bias`` (added to its
     logit). Per bias: the share of tokens expert 0 gets, the busiest link's bytes, the most rows any
-    expert computes, and the times of the dispatch alone and of the whole layer's forward."""
+    expert computes, and the times of the dispatch alone and of the whole layer's forward (median, p10 and
+    p90 of the samples: the spread says how large a difference between two biases the noise can fake).
+    The biases take turns sample by sample (``timing.benchmark_loops``); the layer, whose call is long,
+    with fewer calls per sample (``layer_warmup``, ``layer_iters``)."""
     device, dt, n = rank_device(), _dtype(dtype), world_size
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        ref = MoE(hidden, ffn, n, 1)
-    ref = ref.to(device, dt)
-    gen = torch.Generator().manual_seed(seed + 1 + rank)
-    x = torch.randn(tokens, hidden, generator=gen).to(device, dt)
+    ref = _seeded(lambda: MoE(hidden, ffn, n, 1), seed, device).to(dt)
+    x = torch.randn(tokens, hidden, generator=_generator(seed + 1 + rank, device), device=device, dtype=dt)
     out = {"world_size": n, "tokens": tokens, "hidden": hidden, "ffn": ffn, "dtype": dtype,
            "router_bias": [], "hot_share": [], "busiest_bytes": [], "max_expert_rows": [],
-           "dispatch_ms": [], "layer_ms": []}
-    for bias in router_biases:
-        layer = ExpertParallelMoE(ref, None)              # its own copy of the router and of this rank's expert
-        with torch.no_grad():
+           "dispatch_ms": [], "dispatch_p10_ms": [], "dispatch_p90_ms": [],
+           "layer_ms": [], "layer_p10_ms": [], "layer_p90_ms": []}
+    layers, dests = [], []
+    with torch.no_grad():
+        for bias in router_biases:
+            layer = ExpertParallelMoE(ref, None)          # its own copy of the router and of this rank's expert
             layer.router.bias[0] += bias
             _, expert = layer.route(x)
-            dest = expert.flatten()
-            matrix = _count_matrix(dest, n)
-            t_dispatch = timing.benchmark_collective(lambda: dispatch(x, dest, None), warmup=warmup,
-                                                     iters=iters, repeat=repeat)
-            t_layer = timing.benchmark_collective(lambda: layer(x), warmup=warmup, iters=iters, repeat=repeat)
+            layers.append(layer)
+            dests.append(expert.flatten())
+        t_dispatch = timing.benchmark_loops(
+            {i: _loop(lambda d=d: dispatch(x, d, None)) for i, d in enumerate(dests)},
+            warmup=warmup, iters=iters, repeat=repeat)
+        t_layer = timing.benchmark_loops({i: _loop(lambda m=m: m(x)) for i, m in enumerate(layers)},
+                                         warmup=layer_warmup, iters=layer_iters, repeat=repeat)
+    for i, bias in enumerate(router_biases):
+        matrix = _count_matrix(dests[i], n)
         out["router_bias"].append(float(bias))
         out["hot_share"].append(matrix[:, 0].sum().item() / matrix.sum().item())
         out["busiest_bytes"].append(busiest_bytes(matrix, hidden * dt.itemsize))
         out["max_expert_rows"].append(int(matrix.sum(0).max().item()))
-        out["dispatch_ms"].append(t_dispatch.median_ms)
-        out["layer_ms"].append(t_layer.median_ms)
+        for key, t in (("dispatch", t_dispatch[i]), ("layer", t_layer[i])):
+            out[f"{key}_ms"].append(t.median_ms)
+            out[f"{key}_p10_ms"].append(t.p10_ms)
+            out[f"{key}_p90_ms"].append(t.p90_ms)
     return out
 
 
@@ -162,6 +194,22 @@ def _build(ParallelBlock, ref, spec: dict):
 
 def _local(y):
     return y.to_local() if hasattr(y, "to_local") else y
+
+
+def reduce_partial_grads(block) -> None:
+    """Sum over the mesh every DTensor gradient whose placement is ``Partial``: redistribute it to
+    ``Replicate`` (an all-reduce, issued by DTensor). The hand-written SP step does the same sum in its
+    gradient sync (exercise 3); a step that skipped it would time less work than that one."""
+    from torch.distributed.tensor import Replicate
+    for p in block.parameters():
+        g = p.grad
+        if g is not None and any(pl.is_partial() for pl in getattr(g, "placements", ())):
+            summed = [Replicate() if pl.is_partial() else pl for pl in g.placements]
+            p.grad = g.redistribute(g.device_mesh, summed)
+
+
+def _no_sync(block) -> None:
+    """After backward of a TP block: every gradient is complete already."""
 
 
 def _step(block, x, dy, after_backward) -> None:
@@ -203,7 +251,9 @@ def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict
         variants: ``{name: {"sequence_parallel": bool}}`` for the hand-written ``ParallelBlock``, with
             ``"plan": plan_fn`` added for ``parallelize_module(Block, mesh, plan_fn())``.
         tokens_list: sequence x batch of the whole input; rounded down to a multiple of batch x n.
-        sync: SP's gradient all-reduce ``sync(block, group)``, run after each hand-written SP backward.
+        sync: SP's gradient all-reduce ``sync(block, group)``, run after each hand-written SP backward;
+            the DTensor variants run ``reduce_partial_grads`` instead, so that every step sums its partial
+            gradients.
 
     Memory is measured at the largest token count (``held_bytes``, ``peak_bytes``: CUDA allocator, None
     on CPU; ``saved_bytes``: counted, hand-written variants only), with the prediction from
@@ -211,24 +261,26 @@ def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict
     """
     device, dt, n = rank_device(), _dtype(dtype), world_size
     ffn = ffn // n * n
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        ref = Block(hidden, ffn, dropout)
-    ref = ref.to(device, dt)
+    ref = _seeded(lambda: Block(hidden, ffn, dropout), seed, device).to(dt)
     out = {"world_size": n, "batch": batch, "hidden": hidden, "ffn": ffn, "dropout": dropout, "dtype": dtype,
            "tokens": [], "time_ms": {name: [] for name in variants}, "memory": {}}
     for tokens in tokens_list:
         seq = tokens // batch // n * n
         out["tokens"].append(seq * batch)
-        gen = torch.Generator().manual_seed(seed + 1)
-        x_full = torch.randn(seq, batch, hidden, generator=gen).to(device, dt)
-        dy_full = torch.randn(seq, batch, hidden, generator=gen).to(device, dt)
+        gen = _generator(seed + 1, device)
+        x_full = torch.randn(seq, batch, hidden, generator=gen, device=device, dtype=dt)
+        dy_full = torch.randn(seq, batch, hidden, generator=gen, device=device, dtype=dt)
         for name, spec in variants.items():
             sp, hand = spec["sequence_parallel"], "plan" not in spec
             block = _build(ParallelBlock, ref, spec)
             x = (x_full.chunk(n)[rank] if sp else x_full).clone().requires_grad_()
             dy = dy_full.chunk(n)[rank] if sp else dy_full
-            after = (lambda b: sync(b, None)) if (sp and hand and sync is not None) else (lambda b: None)
+            if not hand:
+                after = reduce_partial_grads             # DTensor: the Partial gradients, summed
+            elif sp and sync is not None:
+                after = lambda b: sync(b, None)  # noqa: E731 - the learner's sync, or the reference
+            else:
+                after = _no_sync
             out["time_ms"][name].append(timing.benchmark_collective(
                 functools.partial(_step, block, x, dy, after), warmup=warmup, iters=iters, repeat=repeat).median_ms)
             if tokens == tokens_list[-1]:

@@ -230,6 +230,38 @@ def dtensor_matches(rank: int, world_size: int, Block, ParallelBlock, plan_fn, *
     return dict(report, placements=placements)
 
 
+def dtensor_step_sums_like_hand_written(rank: int, world_size: int, Block, ParallelBlock, plan_fn, sync, *,
+                                        seed: int = 0, shape: dict | None = None) -> dict:
+    """The SP steps that ``measure.block_sweep`` times end with the same gradients: the hand-written
+    ``ParallelBlock`` after ``sync`` (exercise 3), and ``parallelize_module(Block, plan_fn())`` after
+    ``measure.reduce_partial_grads``. Compares this rank's local gradients, no collective added.
+
+    Returns ``{"before": {name: bool}, "after": {name: bool}, "placements": {name: str}}``: each
+    parameter's local gradient equal to the hand-written one before and after the sum, and its DTensor
+    placement after.
+    """
+    from .measure import reduce_partial_grads
+    device = rank_device()
+    ref, x, dy = block_problem(world_size, Block, seed, device, shape)
+    mine = lambda t: t.chunk(world_size)[rank]  # noqa: E731 - this rank's slice of the sequence
+    hand = ParallelBlock(ref, None, sequence_parallel=True)
+    hand(mine(x).clone().requires_grad_()).backward(mine(dy))
+    sync(hand, None)
+    expected = {("down.bias" if name == "down_bias" else name): p.grad for name, p in hand.named_parameters()}
+    dt = _parallelize(ref, plan_fn())
+    y = dt(mine(x).clone().requires_grad_())
+    (y.to_local() if hasattr(y, "to_local") else y).backward(mine(dy))
+
+    def equal() -> dict:
+        return {name: close(getattr(p.grad, "to_local", lambda: p.grad)(), expected[name])
+                for name, p in dt.named_parameters()}
+    before = equal()
+    reduce_partial_grads(dt)
+    return {"before": before, "after": equal(),
+            "placements": {name: str(tuple(getattr(p.grad, "placements", ("plain tensor",))))
+                           for name, p in dt.named_parameters()}}
+
+
 # ----------------------------------------------------------------------------------- reports
 def table(reports: list[dict]):
     """Per check: True when every rank's check passed, and the ranks where it did not."""
