@@ -10,9 +10,9 @@
 # 1. Write data parallelism by hand — replicate the model, split the batch, all-reduce the gradients —
 #    and prove that it trains exactly like one device on the whole batch; see what summing instead of
 #    averaging does to the learning rate.
-# 2. Use `DistributedDataParallel` and measure what makes it fast: gradient buckets whose all-reduce
-#    overlaps the backward (on a profiler timeline and in step times), `no_sync()` for gradient
-#    accumulation, `gradient_as_bucket_view`.
+# 2. Use `DistributedDataParallel` and measure what makes it fast and what communicating still costs it:
+#    gradient buckets whose all-reduce overlaps the backward (on a profiler timeline and in step times),
+#    `no_sync()` for gradient accumulation, `gradient_as_bucket_view`.
 # 3. Shard the optimizer state and the gradients by hand (ZeRO-1 and ZeRO-2) with
 #    `reduce_scatter_tensor` and `all_gather_into_tensor`; predict memory per GPU and bytes communicated,
 #    measure both, and compare with FSDP2 (ZeRO-3).
@@ -20,7 +20,7 @@
 # **GPUs needed for the live path:** 2 (written for any number). With one GPU or none, every algorithm is
 # checked live on gloo ranks (CPU tensors) and the measurements are the ones this notebook recorded on
 # 2×H200, labelled **RECORDED**.
-# **Time:** 85 min of study; about 50 s to run on 2×H200 (about 30 s on a 2-core CPU).
+# **Time:** 85 min of study; about 75 s to run on 2×H200 (about 30 s on a 2-core CPU).
 
 # %% [markdown]
 # ## Setup
@@ -173,6 +173,8 @@ verify.show(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
 # 3. **Overlap.** A hook on every parameter marks its gradient ready; when a bucket is full, its
 #    all-reduce starts on NCCL's stream while backward keeps computing earlier layers. If the all-reduces
 #    keep pace with the backward, only the last bucket's stands between the backward's end and the optimizer.
+#    A collective moves data only once every rank has launched it: a rank that reaches a bucket first
+#    waits, inside the all-reduce, for the others.
 #
 # So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce.
 
@@ -238,8 +240,11 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 # memory traffic competes with theirs. NCCL picks its CTA count for the collective's own bandwidth. So the
 # sweep has two axes: `bucket_cap_mb` on NCCL's default communicator, then the best cap again on
 # communicators whose collectives use exactly 16, 8, 4 or 2 CTAs (`compat.nccl_group(ctas)` sets NCCL's
-# `min_ctas = max_ctas`; DDP takes the group as `process_group=`). Fewer CTAs: fewer SMs taken from backward,
-# and a slower all-reduce that still has the rest of backward to hide behind.
+# `min_ctas = max_ctas`; DDP takes the group as `process_group=`). Fewer CTAs cut both ways. They return SMs
+# and memory bandwidth to backward; and every all-reduce takes longer (lab 02 §2 timed an all-reduce on a
+# fixed number of CTAs; here the sweep's *comm only* column), so the all-reduces queue longer behind one
+# another on NCCL's stream and the last bucket's tail grows. They can win at most what backward's kernels
+# lost to NCCL's; the breakdown under the timelines measures that.
 #
 # **Predict.** On 2 GPUs: DDP's throughput as a multiple of one GPU's; the share of the all-reduce hidden at
 # the best configuration; and whether capping NCCL at a few CTAs makes the DDP step faster.
@@ -305,8 +310,12 @@ claims.show(lab_claims.ddp_verdicts(D))
 # view must save the gradients' size, 4 bytes per parameter, within 10% (allocator rounding).
 #
 # Read the hidden share with its denominator in mind: fewer CTAs make the all-reduce alone slower, so the
-# same cost to the step is a larger hidden share. What a training run feels is the step — the throughput
-# verdict and the CTA verdict judge that directly.
+# same cost to the step is a larger hidden share. A *negative* share means that step − no_sync exceeded
+# the all-reduces' own time: communicating cost the step more than moving the bytes takes, and the excess
+# is not transfer at all (the breakdown below says what it is). What a training run feels is the step — the
+# throughput verdict and the CTA verdict judge that directly. "Best" is the fastest median step; where two
+# configurations' steps differ by less than their spread column, which of them is faster is noise, and so
+# is a CTA gain or loss that small.
 
 # %% [markdown]
 # **On the timeline.** The fastest configuration's step, the same step under `no_sync()`, and one bucket on
@@ -316,6 +325,13 @@ claims.show(lab_claims.ddp_verdicts(D))
 # read from those files (`trace.summarize`: kernels named `nccl…` are communication, every other kernel
 # compute); *overlap* is the NCCL kernel time during which a compute kernel also ran, *idle* the time in the
 # step when nothing ran on the GPU — no kernel, no memory copy.
+#
+# A traced step is longer than the timed one (compare each printed step with the table): the profiler
+# records every operator, every hook and every kernel launch on the CPU thread that issues them, so it
+# lengthens precisely the costs that live on that thread. Read the traces for *where* the time goes and
+# how the ranks line up, the table for *how much* a step costs. The last two lines compare the fastest
+# configuration's step with its `no_sync` step: first the timed ones, then rank 0's traces, and the two
+# ranks' NCCL busy times.
 
 # %% tags=["nbval-ignore-output"]
 for label, per_rank in D["traces"].items():
@@ -347,20 +363,36 @@ else:
 # **What the timeline and the table say.** With one bucket, the all-reduce cannot start before the last
 # gradient exists: it runs after the backward, with nothing left to hide behind, and the optimizer waits for
 # it. With smaller buckets, each all-reduce runs beside the backward of earlier layers. Even then, step −
-# no_sync is not only the exposed tail of the last bucket; the last lines above split it:
+# no_sync is not only the exposed tail of the last bucket. DDP's own wrapper, without communication, is the
+# no_sync step against the plain model (the first of the last two lines, and the wrapper verdict); where
+# it costs nothing, step − no_sync is all that communicating cost. The last line splits the traced step's
+# excess over the traced no_sync step, on rank 0:
 #
 # * **compute kernels busy longer**: the copies of fresh gradients into the buckets (memory-bound kernels
-#   on the compute stream), and backward's kernels slowed by NCCL's — its CTAs hold SMs, its loads and stores
-#   share the memory bandwidth. This part shrinks with fewer CTAs only as far as SMs were the limit;
-# * **GPU idle longer**: the GPU waiting with nothing to run — for the CPU to issue work (DDP's hooks and the
-#   all-reduce launches run on the thread that also issues backward), or for a stream it depends on;
-# * **NCCL kernels with no compute beside them**: the exposed tail, and an all-reduce waiting for the other
-#   rank — the ranks' NCCL busy times differ by the time the earlier rank's kernels spent waiting.
+#   on the compute stream), and backward's kernels slowed by NCCL's beside them — its CTAs hold SMs, its
+#   loads and stores share the memory bandwidth. Fewer CTAs can win back at most this term;
+# * **GPU idle longer**: the GPU with nothing to run — waiting for its CPU thread to issue work (DDP's hook
+#   for every gradient and the launch of every bucket's all-reduce run on the thread that also issues
+#   backward's kernels, and the profiler slows that thread further), or for a stream it depends on;
+# * **NCCL kernels with no compute beside them**: the exposed tail, and all-reduces that wait;
 #
-# DDP's own wrapper, without communication, is the no_sync step against the plain model. Very small buckets
-# pay one launch and one latency each; very large ones start late. The verdicts say where the best
-# configuration lies on the machine that measured, and how close to one GPU's throughput per GPU DDP gets
-# there.
+# and, across the ranks, **their NCCL busy times differ**: the same all-reduces move the same bytes on every
+# rank, so the difference is time the earlier rank's all-reduces spent waiting for the later rank to launch
+# theirs. A waiting NCCL kernel is not idle: its CTAs spin on their SMs, beside that rank's backward, so the
+# waiting rank's compute kernels can run longer too (compare each rank's *compute kernels busy* in the step
+# with its `no_sync` line).
+#
+# **How to read it.** Where the first term is small next to the GPU idle and the difference between the
+# ranks, the step was short of neither SMs nor memory bandwidth: one rank's GPU waited for its CPU thread,
+# and the other rank's all-reduces waited for that rank. Fewer CTAs cannot shorten waiting — they give back
+# SMs that were not the limit, and make every all-reduce longer; the CTA verdict and the bars above say what
+# they did here. Where the first term is the large one, NCCL's kernels were taking from backward, and fewer
+# CTAs are worth a try.
+#
+# Very small buckets pay one launch and one latency each (compare the *comm only* column at the smallest
+# cap with one bucket's) and fire one all-reduce each from the CPU thread; very large ones start late. The
+# verdicts say where the best configuration lies on the machine that measured, and how close to one GPU's
+# throughput per GPU DDP gets there.
 
 # %% [markdown]
 # ## 3 · ZeRO by hand: shard the optimizer state, then the gradients
@@ -615,9 +647,9 @@ claims.show(lab_claims.fsdp_verdicts(FS))
 # %% [markdown]
 # **What this says.** FSDP2 shards the weights, the gradients and Adam's state, so its state per GPU is
 # part 3's formula with everything divided by N, plus whatever stays unsharded — the first verdict checks it
-# against DDP. The price is communication: one more all-gather of the weights per step, issued ahead of the
-# compute that needs it; the step-time column shows how much of it the step pays. `reshard_after_forward=False`
-# trades memory back for that all-gather.
+# against DDP. The price is communication — one more all-gather of the weights per step, issued ahead of the
+# compute that needs it — and FSDP2's per-block work on the CPU thread (below); the step-time column shows
+# what the two together cost the step. `reshard_after_forward=False` trades memory back for that all-gather.
 #
 # **Why prefetching more blocks need not help.** FSDP2 already prefetches by default (PyTorch's FSDP notes,
 # "FSDP Prefetch Nuances"; the pull request that added `set_modules_to_forward_prefetch`). In forward it
@@ -633,8 +665,9 @@ claims.show(lab_claims.fsdp_verdicts(FS))
 # single communicator with the reduce-scatters and so queue ahead of them in issue order, and more FSDP2
 # bookkeeping on the CPU thread (Python hooks, stream waits, copy-in and copy-out per block). If the
 # GPU-idle column is large, the step is waiting on that CPU thread — FSDP2's per-block work in Python — and
-# prefetching more, which adds CPU work before each block's compute, cannot shorten it; if it is small, the
-# all-gathers were already hidden. Either way the last verdict reports what explicit prefetching did here.
+# the other rank's collectives wait for it, as DDP's did in part 2; prefetching more, which adds CPU work
+# before each block's compute, cannot shorten that; if it is small, the all-gathers were already hidden.
+# Either way the last verdict reports what explicit prefetching did here.
 
 # %% [markdown]
 # ## Summary
@@ -650,11 +683,24 @@ claims.table(lab_claims.ddp_verdicts(D) + lab_claims.zero_verdicts(Z) + lab_clai
 # * DDP is that loop with the all-reduce inside backward, bucketed and overlapped; `no_sync()` skips it
 #   during gradient accumulation — and, timed, gives the step without communication, against which the
 #   all-reduce's cost and hidden share are judged; `gradient_as_bucket_view` saves a gradient copy. An
-#   all-reduce beside backward is a kernel on backward's SMs: how many CTAs NCCL may use
-#   (`compat.nccl_group`) is a knob of the overlap.
+#   all-reduce beside backward is a kernel on backward's SMs, and it moves data only once every rank has
+#   launched it: how many CTAs NCCL may use (`compat.nccl_group`) is a knob of the overlap that cuts both
+#   ways, and the breakdown under the timelines says which way a step needs it turned.
+# * **The goal of hiding ≥ 70% of the all-reduce was not reached** on the 2×H200 that recorded this
+#   notebook (`notebooks/recorded/08_ddp.json`; the second line of the table), although DDP met its
+#   throughput goal there. DDP's wrapper cost nothing (its no_sync step equals the plain model's), so the
+#   step − no_sync printed under the timelines is exactly what communicating cost. The lab's own breakdown,
+#   from the profiler traces (which magnify it), puts that cost in waiting rather than in moving bytes: a GPU
+#   idle while its CPU thread issued backward, DDP's hooks and one all-reduce per bucket, and the other
+#   rank's all-reduces spinning on their SMs until that rank joined. Fewer CTAs cannot shorten waiting: no
+#   CTA count made the step faster (the CTA verdict), and the fewer the CTAs, the slower each all-reduce
+#   (the *comm only* column).
 # * ZeRO shards what each rank needs only 1/N of — optimizer state (ZeRO-1), gradients (ZeRO-2), weights
 #   (ZeRO-3 / FSDP2) — with reduce-scatter and all-gather: the same 2Ψ as DDP until the weights are sharded,
 #   3Ψ then; the ZeRO paper's bytes-per-parameter counting predicts the memory per GPU (verdicts above).
+#   FSDP2 gathers each block's weights ahead of its compute by default; naming more blocks to prefetch
+#   changes only the order in which the CPU issues the all-gathers, and gains only where the GPU sat
+#   waiting for one (the prefetch verdict).
 #
 # **Next: lab 09** — `all_to_all`, expert and sequence parallelism, and the DTensor view of them all.
 

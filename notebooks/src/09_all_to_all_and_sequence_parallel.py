@@ -197,8 +197,13 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
 # **Reading it.** Where the time hardly moves with the size, it is alpha: the fixed cost of launching the
 # grouped sends and receives and synchronising the peers. Where it grows with the bytes, beta rules. The first
 # verdict tests the naive expectation — same bytes per link, so same busbw — with a 15% margin, well above the
-# run-to-run spread lab 02 printed for large calls on this link. When it is FALSE with the all-to-all ahead,
-# the cause is the one given before the measurement: on two GPUs joined by NVLink the link is not what limits
+# run-to-run spread lab 02 printed for large calls on this link. Its rule is strict and two-sided: it divides
+# the all-to-all's busbw by the all-gather's and is TRUE only if that ratio, unrounded, lies between 0.85 and
+# 1.15 — whichever call is ahead. Its figure rounds: busbw to whole GB/s and "off by" to a whole percent, so
+# a ratio of 1.154 prints "off by 15%" and is FALSE, and one of 1.146 prints the same and is TRUE. Read the
+# figure for which call is ahead (on the 2×H200 that recorded this notebook, the all-to-all) and the verdict
+# for which side of the line the ratio fell. When it is FALSE with the all-to-all ahead, the cause is the one
+# given before the measurement: on two GPUs joined by NVLink the link is not what limits
 # either call, so each reaches what its NCCL kernel and channels reach, and the all-to-all runs on the
 # point-to-point path that lab 02 found faster than the all-gather with NCCL's default channels. Busbw counts
 # the same bytes for both; it does not say that the same machinery moves them. To compare collectives on a
@@ -437,10 +442,12 @@ claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data))
 # finished the counts' exchange, then the GPU stops until the CPU has issued the rows' copy and exchange, so
 # the CPU's cost of issuing them adds to the GPU's time instead of running ahead of it, as it does in the
 # rows-only loop. None of that grows with the tokens; only the sorted copy of the rows does, at the speed of
-# GPU memory rather than of the link. So the dispatch / rows-only ratio falls as the tokens grow, and the first
-# two verdicts read it at both ends of the sweep, with 2 as the line: above it the bookkeeping costs more than
-# moving the rows, below it the rows are most of the time. When the second verdict is FALSE, the fixed part
-# still outweighs the rows' exchange at the largest size measured. The wait is the price of uneven splits:
+# GPU memory rather than of the link. So the dispatch / rows-only ratio heads toward 1 as the rows come to
+# outweigh the fixed part (among the small dispatches, nearly all fixed part, it moves with that part's own
+# noise), and the first two verdicts read it at both ends of the sweep, with 2 as the line: above it the
+# bookkeeping costs more than moving the rows, below it the rows are most of the time. When the second
+# verdict is TRUE, the largest dispatch measured is past that point; when it is FALSE, the fixed part still
+# outweighs the rows' exchange there. The wait is the price of uneven splits:
 # the CPU must know the split sizes before it calls `all_to_all_single`. A capacity (exercise 2) removes it —
 # every block has `capacity` rows, known in advance — at the price of padding and dropped tokens. The dashed
 # line of the first plot is section 1's fit at the same bytes per rank, to compare the rows-only curve with.
@@ -939,11 +946,12 @@ claims.show(CLAIMS["09_dtensor"](DT.data))
 # (an autograd function whose backward is the reduce-scatter) — where the TP plan's `ColwiseParallel` only
 # wraps a plain tensor with `DTensor.from_local`. So the token count at which DTensor SP catches up with the
 # hand-written SP is larger than DTensor TP's; the third verdict says whether the largest layer measured is
-# past it, and when it is FALSE, DTensor SP's step is still paced by the CPU there. Both SP steps end with the
-# same sum of the partial gradients: the hand-written one with exercise 3's all-reduce, DTensor's by
-# redistributing its `Partial` gradients to `Replicate` (`measure.reduce_partial_grads`) — the same
-# all-reduce, issued through DTensor's dispatch. Without it DTensor's step would leave out a collective that
-# the hand-written step pays, and the comparison would favour DTensor.
+# past it. When it is FALSE and DTensor SP's column hardly grows from the smallest layer to the largest, its
+# step is still paced by the CPU there. It does not communicate more: both SP steps end with the same sum
+# of the partial gradients, the hand-written one with exercise 3's all-reduce, DTensor's by redistributing
+# its `Partial` gradients to `Replicate` (`measure.reduce_partial_grads`) — the same all-reduce, issued
+# through DTensor's dispatch. Without it DTensor's step would leave out a collective that the hand-written
+# step pays, and the comparison would favour DTensor.
 #
 # DTensor's payoff is elsewhere: the same plan composes with FSDP (`fully_shard`, lab 08) on a 2-D mesh,
 # with `torch.compile`, and with distributed checkpointing, none of which a hand-written `ParallelBlock` gets
@@ -959,7 +967,8 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 # * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which NCCL
 #   does not check — so exchange the counts first. Its busbw factor is (n − 1)/n, all-gather's, but NCCL
 #   runs it as point-to-point sends and receives: the same bytes per link, moved by a different kernel on
-#   different channels, so the two need not reach the same busbw.
+#   different channels, so the two need not reach the same busbw. The verdict that compares them is strict
+#   and two-sided, and its "off by" is rounded: its figure says which one is ahead.
 # * Expert parallelism is dispatch and combine: two uneven all-to-alls, whose backward is the same exchange
 #   with the splits swapped. A dispatch costs its bookkeeping — sort, counts, their exchange, and the wait
 #   for the GPU that uneven sizes bring, because the CPU must know the split sizes before it calls
@@ -972,7 +981,8 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 #   duty — summing the partial gradients of the parameters used on sequence shards.
 # * `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` and `SequenceParallel` produces the same
 #   layers and the same collectives; `Partial` placements make the pending sums explicit. Its dispatch and
-#   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan.
+#   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan, whose
+#   verdict at the largest layer says whether the layers measured here had enough.
 #
 # **Next:** this is the course's last lab. The plans of section 4 and lab 08's `fully_shard` combine on a
 # 2-D mesh (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and
