@@ -15,7 +15,7 @@
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink).
 # With 1 GPU the single-device parts run live; on a CPU-only machine every GPU result is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
-# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 10 s on a 2-core CPU.
+# **Time:** 60 min of study (three exercises, four predictions); about 27 s to run on 2×H200, about 15 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import math
@@ -342,9 +342,10 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # group launch, allocating the output) is included: it is what you pay. How much of it shows depends on
 # how the calls are issued. Back to back, the host issues the next call while the GPUs run the last one;
 # a call alone pays the host's work and then the transfer, one after the other. So that the sweep measures
-# one way of calling at every size — a loop — every sample holds at least ten back-to-back calls
-# (`measure.plan`: about 8 MiB of calls for small messages, up to 50 of them; ten from 1 MiB up; and from
-# 256 MiB up, five calls in each of three samples, to keep the largest sizes' run time short).
+# one way of calling at every size — a loop — every sample is a run of back-to-back calls (`measure.plan`:
+# about 8 MiB of calls for small messages, up to 50 of them; ten from 1 MiB up to 128 MiB; from 256 MiB up,
+# five calls in each of three samples, to keep the largest sizes' run time short — there one call's transfer
+# is many times the host's work to issue the next).
 #
 # **How we judge.** Each claim gets a line `VERDICT  TRUE|FALSE  claim | measured figures | rule`,
 # computed from the measurement (live, or the recording) by `labutils.labs.lab01_cuda_comm.claims`
@@ -398,19 +399,27 @@ pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
 claims.show(lab_claims.tip1_verdicts(SWEEP.data))
 
 # %% [markdown]
-# **Explain.** Far below $n_{1/2}$ the time hardly changes with size (the table's first rows): that is
-# $\alpha$, the host and launch work of one call, so many small messages cost one $\alpha$ each, whatever
-# their size. Above it the bandwidth rises with the size; the table's "of the best" column shows how far past
-# a few MiB it keeps rising. Where one straight line $\alpha + S/\beta$ misses the sweep, look for what changes
-# with the size that the line does not have. NCCL picks a protocol (LL for small messages, Simple for large
-# ones) and a number of channels per call from the size, each choice with its own latency and bandwidth
+# **Explain.** Far below $n_{1/2}$ the time hardly changes with size (the table's first rows): the bytes are
+# not what a call waits for. In a loop the host issues the next call while the GPUs run the last one, so a
+# call costs about the *larger* of two times, not their sum: the host's work to issue it (Python, the NCCL
+# launch, the output's allocation) and its transfer. While the transfer is the shorter, the time per call is
+# the host's and stays flat as the bytes grow, and the GPUs wait for the host between calls (section 3's
+# profile gives the device time of one 4 MiB call, to set beside the sweep's time per call at 4 MiB); once the
+# transfer is the longer, time follows bytes. So many small messages cost one $\alpha$ each, whatever their
+# size, and the table's "of the best" column shows how far past a few MiB the bandwidth keeps rising.
+#
+# The line $\alpha + S/\beta$ *adds* the two times that a loop overlaps. A sum is furthest from the larger of
+# its two terms where the two are equal, which for the fit's own terms is $n_{1/2}$: that is where to expect
+# the line to overestimate the time most (compare the table's "GB/s" and "alpha-beta fit" columns). A fit on
+# relative errors moves the line towards those middle sizes by making its slope shallower, so its $\beta$ can
+# come out above any bandwidth the sweep reached (lab 00 met the same with plain copies). Two more things
+# change with the size that the line does not have: NCCL picks a protocol (LL for small messages, Simple for
+# large ones) and a number of channels per call from the size, each with its own latency and bandwidth
 # (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` prints the choice per call). `x.to(peer)`, a copy engine with no
-# protocol or channels to pick, is the control: a bend that the broadcast shows and the peer copy does not is
-# NCCL's choice; a bend both show comes from what they share — the host's work per call, the GPUs' memory,
-# the link. The sampling is not such a change: every sample is a loop of at least ten calls (see "How we
-# time"), so at every size the host's work to issue a call overlaps the transfer of the call before it. Read
-# the table, not the fit, for "how large is large enough" — and time a call the way your program issues it:
-# a call issued alone also pays the host's work before its transfer.
+# protocol or channels to pick, is the control in the plot: a bend that the broadcast shows and the peer copy
+# does not is NCCL's choice; a bend both show comes from what they share — the host's work per call, the GPUs'
+# memory, the link. Read the table, not the fit, for "how large is large enough" — and time a call the way
+# your program issues it: a call issued alone pays the host's work and then its transfer.
 #
 # ### 4.2 · Source 002 §5.1: "pre-process the data to shrink what is transferred"
 #
@@ -615,16 +624,21 @@ claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data))
 claims.show(lab_claims.peer_copy_verdicts(SWEEP.data))
 
 # %% [markdown]
-# **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source
-# tensor itself, no copy. An output on the source GPU in `broadcast(out=…)` is a real extra copy and turns
-# NCCL off for the whole call, but what that costs depends on the size. For small messages the two copy
-# calls cost more host work than one NCCL call. For large ones the bytes between the GPUs go by a copy
-# engine, a DMA unit that streams one long copy, where NCCL's broadcast is a kernel that moves them chunk
-# by chunk through its buffers on the peer, with a handshake per chunk (lab 02 compares the two paths) —
-# and the extra local copy runs at GPU-memory speed. And reduce-then-broadcast sends every byte twice, one
-# direction at a time, where an all-reduce uses both directions of every link at once. The factor 2 of that
-# count assumes the all-reduce moves its bytes as fast as one broadcast; compare the two in the table: the
-# all-reduce also adds, and runs its ring in two phases (reduce-scatter, then all-gather).
+# **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source tensor
+# itself, no copy. An output on the source GPU in `broadcast(out=…)` is a real extra copy and turns NCCL off
+# for the whole call; what that costs comes from different places at the two sizes. For small messages the two
+# copy calls cost more host work than one NCCL call. For large ones the bytes between the GPUs go by a copy
+# engine, a DMA unit that streams one long copy, where NCCL's broadcast is a kernel that moves them chunk by
+# chunk through its buffers on the peer, with a handshake per chunk (the verdict just above compares the two;
+# lab 02 does it in both directions). But the extra local copy does not run beside the peer copy: PyTorch
+# issues a copy between GPUs on the source GPU's current stream, so the local copy and the peer copy run one
+# after the other there (section 3's profile lists the GPU each ran on). The call costs a peer copy *plus* a
+# local copy at GPU-memory speed; what the copy engine gains on NCCL's kernel pays back part or all of the
+# local copy, and the verdict at 64 MiB says whether what is left reaches its 10% bar. And
+# reduce-then-broadcast sends every byte twice, one direction at a time, where an all-reduce uses both
+# directions of every link at once. The factor 2 of that count assumes the all-reduce moves its bytes as fast
+# as one broadcast; compare the two in the table: the all-reduce also adds, and runs its ring in two phases
+# (reduce-scatter, then all-gather).
 #
 # ### Exercise 3 — an all-reduce from reduce_add + broadcast
 #

@@ -20,7 +20,7 @@
 # or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 90 min of study (three exercises, five predictions); about 45 s to run on 2×H200, about 40 s on a
+# **Time:** 90 min of study (three exercises, five predictions); about 50 s to run on 2×H200, about 20 s on a
 # 2-core CPU.
 
 # %% [markdown]
@@ -800,7 +800,8 @@ claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 # each NCCL all-reduce kernel. Call i is the same all-reduce on every rank; its kernel starts when *its* rank's
 # GPU gets there and ends when the data of every rank has arrived. The rank that arrives first therefore spins
 # inside the kernel until the last one comes: the longest of the ranks' kernel times is what the call cost the
-# step, the shortest is the transfer itself — what a standalone benchmark of the same all-reduce measures.
+# step, the shortest is the transfer itself: the device work that a standalone benchmark of the same
+# all-reduce times too (a benchmark's time per call can carry the host's cost of issuing the call as well).
 #
 # ### Exercise 3 — transfer and wait, from every rank's kernel times
 # Write `my_transfer_and_wait(calls_ms)`: `calls_ms[rank][i]` is the kernel time (ms) of call i on that rank.
@@ -846,8 +847,13 @@ else:
 # (within a quarter). At small sizes read the two columns knowing that the fit's α includes the host's cost of
 # issuing a call, which a kernel's own device time does not. What a step adds is the wait: the ranks' matmuls
 # and their hosts do not finish at the same instant, and whichever rank is early waits inside the collective —
-# the partition effect of section 4 on a small scale. A model of a step built from standalone benchmarks must
-# add it (or the ranks must be kept in lockstep).
+# the partition effect of section 4 on a small scale. Where the hosts set the pace (a short step, in which the
+# host's work of issuing the kernels outlasts the GPU's work), the wait is the gap between the two hosts: the
+# GPU of the rank whose host issues the all-reduce sooner finishes its short matmuls, enters the kernel and
+# spins there until the other host has issued its own — and in a short step that gap can be most of the step,
+# whatever the bytes. In a wide layer the GPUs set the pace, both hosts are ahead of their GPUs, and what is
+# left of the wait is the difference between the ranks' matmuls. A model of a step built from standalone
+# benchmarks must add the wait (or the ranks must be kept in lockstep).
 #
 # How the profiler is kept from adding to the wait it measures: it records only the GPU's activity
 # (`ProfilerActivity.CUDA`). Recording every operator on the host as well adds host work to each step, and in
