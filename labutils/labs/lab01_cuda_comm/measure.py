@@ -70,8 +70,8 @@ def _need_two(setup: CommSetup) -> None:
 
 
 def plan(size_bytes: int) -> tuple[int, int, int]:
-    """(warmup, iters, repeat) for one message size. Every sample holds at least 10 back-to-back
-    calls, so that the host's work to issue a call overlaps the transfer of the call before it at
+    """(warmup, iters, repeat) for one message size. Every sample holds several back-to-back calls
+    (at least 10 below 256 MiB, 5 from there up), so that the host's work to issue a call overlaps the transfer of the call before it at
     every size, as in a loop of calls (a sample of one call would pay the host's work and then the
     transfer, one after the other): about 8 MiB of calls per sample for small messages (up to 50,
     so an event pair's ~us resolution does not matter), 10 calls x 5 samples up to 128 MiB, and
