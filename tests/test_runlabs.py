@@ -92,7 +92,15 @@ def test_run_labs_executes_reports_saves_widgets_and_summary(tmp_path, capfd):
     text = summary.read_text()
     assert "machine: " in text and "date: " in text and "total" in text and "1/2 ok" in text
     assert "wall time of run-labs: " in text and "wall time: " in out
+    assert "conditions: each lab's kernel started while the lab before it ran" in text  # 01_bad's was
     assert text.splitlines()[0].startswith("python -m labutils run-labs")
+
+
+def test_conditions_name_kernel_start_and_bytecode_cache():
+    assert run_labs.conditions(True, {}) == ("conditions: each lab's kernel started while the lab before it "
+                                             "ran; bytecode as installed")
+    assert run_labs.conditions(False, {"PYTHONPYCACHEPREFIX": "/c"}) == (
+        "conditions: each lab's kernel started with the lab; bytecode cached in PYTHONPYCACHEPREFIX=/c")
 
 
 def runlabs_mode():

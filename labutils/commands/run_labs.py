@@ -8,9 +8,11 @@
 
 Each notebook runs in a fresh kernel (nbclient) with the notebook's folder as working directory;
 the kernel talks to this process over Unix sockets (ZeroMQ's ``ipc`` transport) where the platform
-has them, so no TCP port is opened for it. A failure is reported with the failing cell and does not
-stop the other labs. Exit status 1 if any lab failed, 2 if a selected lab does not exist.
-Columns: lab, mode (multi-gpu / single-gpu / cpu), status, seconds.
+has them, so no TCP port is opened for it. The next lab's kernel is started while a lab runs (it is
+idle until its lab begins; ``--no-prestart`` starts each with its lab). A failure is reported with the
+failing cell and does not stop the other labs. Exit status 1 if any lab failed, 2 if a selected lab
+does not exist. Columns: lab, mode (multi-gpu / single-gpu / cpu), status, seconds (from the lab's
+first request to its kernel's shutdown).
 """
 from __future__ import annotations
 
@@ -88,11 +90,25 @@ def format_table(rows: list[tuple[str, str, str, float]]) -> str:
     return "\n".join([line(head), sep, *map(line, cells[:-1]), sep, line(cells[-1])])
 
 
-def summary_text(table: str, fingerprint: str, when: datetime.datetime, args_line: str, wall_s: float) -> str:
-    """The text ``--summary`` writes: what ran, where, when, the table, and the command's wall time (pure)."""
+def conditions(prestart: bool, environ=os.environ) -> str:
+    """How the seconds were counted, for the summary (pure): kernels started ahead or not, and whether
+    Python's bytecode was cached in a folder of its own (``PYTHONPYCACHEPREFIX``: for an installation that
+    ships no ``.pyc`` files, where every interpreter would otherwise compile torch's modules again)."""
+    kernels = ("each lab's kernel started while the lab before it ran" if prestart
+               else "each lab's kernel started with the lab")
+    cache = environ.get("PYTHONPYCACHEPREFIX")
+    bytecode = f"bytecode cached in PYTHONPYCACHEPREFIX={cache}" if cache else "bytecode as installed"
+    return f"conditions: {kernels}; {bytecode}"
+
+
+def summary_text(table: str, fingerprint: str, when: datetime.datetime, args_line: str, wall_s: float,
+                 conditions_line: str = "") -> str:
+    """The text ``--summary`` writes: what ran, where, when, how, the table, and the wall time (pure)."""
     return (f"python -m labutils {args_line}\n"
             f"machine: {fingerprint}\n"
-            f"date: {when.isoformat(timespec='seconds')}\n\n{table}\n\n"
+            f"date: {when.isoformat(timespec='seconds')}\n"
+            + (f"{conditions_line}\n" if conditions_line else "")
+            + f"\n{table}\n\n"
             f"wall time of run-labs: {wall_s:.1f} s (the labs plus run-labs' own set-up)\n")
 
 
@@ -106,11 +122,34 @@ def kernel_config(sockets_dir: str):
     return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets_dir, "kernel")}})
 
 
-def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
+class Kernel:
+    """A ``python3`` kernel started ahead of its notebook (``--prestart``): it boots (interpreter,
+    ipykernel) while the lab before it runs. Its Unix sockets live in a folder of its own."""
+
+    def __init__(self, cwd: Path):
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+        self._sockets = tempfile.TemporaryDirectory(prefix="labutils-kernel-")
+        self.km = AsyncKernelManager(kernel_name="python3", config=kernel_config(self._sockets.name))
+        # as nbclient starts its own kernels: an in-memory IPython history, the notebook's folder as cwd
+        run_sync(self.km.start_kernel)(cwd=str(cwd), extra_arguments=["--HistoryManager.hist_file=:memory:"])
+
+    def shutdown(self) -> None:
+        """Ask the kernel to exit (its atexit handlers stop any ranks it started), then remove its sockets."""
+        from jupyter_core.utils import run_sync
+        try:
+            if run_sync(self.km.is_alive)():
+                run_sync(self.km.shutdown_kernel)(now=False)
+        finally:
+            self._sockets.cleanup()
+
+
+def execute(path: Path, timeout_s: float, inplace: bool, kernel: Kernel | None = None) -> tuple[str, float]:
     """Execute one notebook; returns (status, seconds). Status is 'ok' or 'FAILED: <reason>'.
 
-    With ``inplace`` the notebook is written back with its outputs and with the state of its widgets
-    (``metadata.widgets``), so that saved sliders render before anyone runs the notebook.
+    ``kernel``: one started ahead for this notebook (shut down here when the notebook is done); without
+    it, a kernel is started now. With ``inplace`` the notebook is written back with its outputs and with
+    the state of its widgets (``metadata.widgets``), so that saved sliders render before anyone runs it.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -120,7 +159,7 @@ def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
     detail = ""
     with tempfile.TemporaryDirectory(prefix="labutils-kernel-") as sockets:
         client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", config=kernel_config(sockets),
-                                store_widget_state=True,
+                                store_widget_state=True, km=kernel.km if kernel else None,
                                 resources={"metadata": {"path": str(path.parent)}})
         try:
             client.execute()
@@ -135,6 +174,11 @@ def execute(path: Path, timeout_s: float, inplace: bool) -> tuple[str, float]:
         except Exception as exc:  # noqa: BLE001 - kernel died, etc.
             status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
             detail = traceback.format_exc()
+        finally:
+            if kernel is not None:  # nbclient leaves a kernel it did not start running
+                if client.kc is not None:
+                    client.kc.stop_channels()
+                kernel.shutdown()
         if status != "ok":
             client.set_widgets_metadata()  # execute() does it only when every cell ran
     if detail:  # the table keeps one line; the whole story goes to stderr
@@ -154,6 +198,8 @@ def add_arguments(parser) -> None:
                         help="set LABUTILS_RECORD=1: live measurements replace notebooks/recorded/*.json")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
     parser.add_argument("--dir", type=Path, default=None, help="notebooks folder (default ./notebooks)")
+    parser.add_argument("--no-prestart", dest="prestart", action="store_false",
+                        help="start each lab's kernel when the lab starts (default: while the lab before runs)")
     parser.add_argument("--summary", type=Path, default=None, metavar="FILE",
                         help="also write the table, the total, the machine's fingerprint and the date to FILE")
 
@@ -172,18 +218,28 @@ def run(args) -> int:
         os.environ["LABUTILS_RECORD"] = "1"
     mode = detect_mode()
     rows = []
-    for path in tqdm(labs, desc="labs", unit="lab"):
-        status, secs = execute(path, args.timeout, args.inplace)
-        rows.append((path.stem, mode, status, secs))
-        tqdm.write(f"{path.stem}: {status} ({secs:.1f} s)")
+    ahead: Kernel | None = None
+    try:
+        for i, path in enumerate(tqdm(labs, desc="labs", unit="lab")):
+            kernel, ahead = ahead, None
+            if args.prestart and i + 1 < len(labs):  # the next lab's kernel boots while this one runs
+                ahead = Kernel(labs[i + 1].parent)
+            status, secs = execute(path, args.timeout, args.inplace, kernel)
+            rows.append((path.stem, mode, status, secs))
+            tqdm.write(f"{path.stem}: {status} ({secs:.1f} s)")
+    finally:
+        if ahead is not None:  # interrupted: the kernel started for a lab that will not run
+            ahead.shutdown()
     table = format_table(rows)
     wall_s = time.perf_counter() - t0
     print(f"{table}\nwall time: {wall_s:.1f} s")
     if args.summary is not None:
-        argv = " ".join(["run-labs", *args.labs, *(["--record"] if args.record else [])])
+        argv = " ".join(["run-labs", *args.labs, *(["--record"] if args.record else []),
+                         *([] if args.prestart else ["--no-prestart"])])
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         fingerprint = describe(peer_access=False).fingerprint()
         args.summary.write_text(summary_text(table, fingerprint,
-                                             datetime.datetime.now(datetime.timezone.utc), argv, wall_s))
+                                             datetime.datetime.now(datetime.timezone.utc), argv, wall_s,
+                                             conditions(args.prestart)))
         print(f"summary written to {args.summary}")
     return 0 if all(r[2] == "ok" for r in rows) else 1

@@ -115,13 +115,17 @@ def fails_on_rank_1(rank, world_size):
     dist.barrier()            # rank 0 would wait here forever: labutils stops it
 
 
-labutils.launch(fails_on_rank_1, world_size=2, backend="gloo")
+t0 = time.perf_counter()
+try:
+    labutils.launch(fails_on_rank_1, world_size=2, backend="gloo")
+finally:
+    gloo_launch_s = time.perf_counter() - t0   # start-up of 2 gloo ranks, the failure, the clean-up
 
 # %% [markdown]
 # ### When ranks hang
 # A collective that not every rank calls never returns. `timeout=` bounds the wait: the ranks are killed and
 # `labutils.RankTimeout` names those that had not finished, and where each one was. The timeout counts from
-# the launch, start-up included, so it is set from the launch above: its wall time rounded up to a whole
+# the launch, start-up included, so it is set from the gloo launch above: its wall time rounded up to a whole
 # second, plus two seconds of waiting. (Lab 05 is all about reading such failures.)
 
 # %% tags=["raises-exception", "nbval-ignore-output"]
@@ -132,7 +136,7 @@ def never_arrives(rank, world_size):
         time.sleep(3600)      # ... which never arrives
 
 
-labutils.launch(never_arrives, world_size=2, backend="gloo", timeout=math.ceil(launch_s) + 2)
+labutils.launch(never_arrives, world_size=2, backend="gloo", timeout=math.ceil(gloo_launch_s) + 2)
 
 # %% [markdown]
 # Nothing is left behind: the ranks are gone (this check is the same on every machine).

@@ -212,9 +212,9 @@ EXCHANGE_RUNS = (repro.start(EXCHANGE_SCRIPT, VARIANTS, env={"NCCL_DEBUG": "WARN
 # CUDA tensors only. Here is what NCCL says (live with 2 GPUs, else as recorded on 2×H200):
 
 # %% tags=["nbval-ignore-output"]
-POOL = labutils.RankPool(backend=BACKEND, output="quiet")
-GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool(world_size=2, backend="gloo",
-                                                                                   output="quiet")
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # both start side by side; the first
+GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool(  # task waits for its pool
+    world_size=2, backend="gloo", output="quiet", wait=False)
 SRC_NCCL = recorded.live_or_recorded("03_source_on_nccl",
                                      lambda: exchange.attempt(POOL.run, exchange.source_as_written), gpus_needed=2)
 claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data))

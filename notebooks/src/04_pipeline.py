@@ -39,11 +39,12 @@ from labutils.labs.lab04_pipeline import analysis, measure, model, naive, pipeli
 from labutils.labs.lab04_pipeline import schedule as pipeline   # stages, the bubble, schedules, their simulation
 from labutils.labs.lab04_pipeline.claims import CLAIMS, bubble_verdicts, memory_verdicts, traffic_verdicts
 
-HW = hw.describe()
-MODE = HW.mode
+MODE = hw.detect_mode()                              # "multi-gpu", "single-gpu" or "cpu"
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
-WS = labutils.default_config().world_size                  # ranks = pipeline stages p
-POOL = labutils.RankPool(backend=BACKEND, output="quiet")  # started once: parts 2, 3 and 4 run on it
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # parts 2, 3 and 4 run on it
+CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # 3 CPU ranks: 1F1B check
+WS = POOL.world_size                                 # ranks = pipeline stages p
+HW = hw.describe()                                   # meanwhile both pools start in the background
 HW
 
 # %% [markdown]
@@ -546,7 +547,7 @@ if mem["one micro-batch kept"][0] is not None:
 #   receives to one peer also run in order on one stream; this is why torch's `Schedule1F1B` posts a forward
 #   send together with the next backward receive, as one `batch_isend_irecv`.)
 #
-# The checker runs your function on 3 gloo ranks (CPU tensors, on every machine) with m = 2 and 6, compares
+# The checker runs your function on the 3 gloo ranks of `CHECKERS` (CPU tensors, on every machine) with m = 2 and 6, compares
 # output and gradients with one device, and records the order of your forwards and backwards with hooks on the
 # stage: stage s may hold at most min(m, p − s) micro-batches at once.
 
@@ -556,7 +557,7 @@ def my_1f1b_step(stage, x, target, loss_fn, n_microbatches, act_shape):
     raise NotImplementedError
 
 
-check.one_f_one_b(my_1f1b_step)
+check.one_f_one_b(my_1f1b_step, pool=CHECKERS)
 
 # %% [markdown]
 # ## 5 · Explore: stages × micro-batches

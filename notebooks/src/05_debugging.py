@@ -45,6 +45,7 @@ BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 labutils.default_config()
 LISTENING_BEFORE = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
 BACKGROUND = demos.Background()   # slow demonstrations started in one section and read in a later one
+CHECK_POOL = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the exercises' ranks
 HW
 
 # %% [markdown]
@@ -55,8 +56,8 @@ HW
 
 # %%
 SLOW_START = MODE != "multi-gpu"             # CPU ranks: several launches start at once on few cores
-HANG_S = 20 if SLOW_START else 10            # launch timeout (s) for a deliberate hang
-RAW_S = 30 if SLOW_START else 10             # the same, for the mistakes launched side by side
+HANG_S = 20 if SLOW_START else 7             # launch timeout (s) for a deliberate hang
+RAW_S = 30 if SLOW_START else 7              # the same, for the mistakes launched side by side
 PG_TIMEOUT_S = 10 if SLOW_START else 5       # torch's own process-group timeout in section 3
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # flight recorder on
 ERR_S = {}                                   # failure -> seconds from launch to the error
@@ -558,12 +559,10 @@ claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
 # raises `ValueError` **on every rank**, naming the ranks that differ — instead of hanging or crashing. (This is
 # what `TORCH_DISTRIBUTED_DEBUG=DETAIL` does for every collective.) Hint: exchange a small *fingerprint* of the
 # call first — `dist.all_gather_object` sends any picklable object — and raise only after every rank has it.
-# The checker runs your function with matching tensors and with one more element on the last rank.
+# The checker runs your function on `CHECK_POOL`'s 3 gloo ranks (started with the lab, in the background) with
+# matching tensors and with one more element on the last rank.
 
 # %%
-CHECK_POOL = labutils.RankPool(world_size=3, backend="gloo", output="quiet")
-
-
 def my_checked_all_reduce(t):
     raise NotImplementedError  # ✍ your code here
 
