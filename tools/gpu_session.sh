@@ -11,7 +11,8 @@
 #            every lab: the course time (table, total, fingerprint, date) in benchmarks/course_<GPUs>.txt
 #   --single-gpu  every lab again with CUDA_VISIBLE_DEVICES=0 (the 1-GPU mode; only its time is saved,
 #            in benchmarks/course_1x<GPU>.txt)
-#   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks)
+#   --tests  pytest (unit, gloo, GPU tests and nbval over the freshly executed notebooks; $PYTEST_ARGS
+#            narrows it, $PYTEST_WORKERS sets pytest-xdist's workers)
 #   --bench  the benchmark scripts whose recorded output lives in benchmarks/
 # and writes DIR/gpu_results.tar (notebooks/*.ipynb, notebooks/recorded, benchmarks) plus logs
 # (DIR defaults to gpu_out/ in the checkout, git-ignored).
@@ -84,7 +85,8 @@ if [ "$run_tests" = 1 ]; then
   # notebook's cells on one worker, as nbval needs). Measurements are not checked, so sharing is fine.
   xdist=""; python3 -c "import xdist" 2>/dev/null && xdist="-n ${PYTEST_WORKERS:-4} --dist loadfile"
   # shellcheck disable=SC2086
-  python3 -m pytest -p no:cacheprovider $xdist 2>&1 | tee "$out/pytest.log" | tail -40 || rc=1
+  # PYTEST_ARGS: what to test (default: everything), e.g. "notebooks tests/gpu tests/test_claims.py"
+  python3 -m pytest -p no:cacheprovider $xdist ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -40 || rc=1
 fi
 tar -cf "$out/gpu_results.tar" notebooks/*.ipynb notebooks/recorded benchmarks 2>/dev/null
 echo "packed $out/gpu_results.tar; exit $rc"
