@@ -34,3 +34,7 @@ python3 benchmarks/p2p_forms.py > "benchmarks/p2p_forms_$tag.txt"
 tail -6 "benchmarks/p2p_forms_$tag.txt"
 python3 benchmarks/pool_roundtrip.py > "benchmarks/pool_roundtrip_$tag.txt"
 cat "benchmarks/pool_roundtrip_$tag.txt"
+
+# 4. where a rank's start-up goes: import torch with and without cached bytecode, then each phase
+python3 benchmarks/startup.py > "benchmarks/startup_$tag.txt"
+cat "benchmarks/startup_$tag.txt"

@@ -44,14 +44,15 @@ fi
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 # Bytecode. An installation that ships torch without .pyc files, under PYTHONDONTWRITEBYTECODE=1, makes
 # every interpreter (each kernel, each rank) compile torch's modules again: about 1.5 s a process on the
-# reference machine, out of about 3.5 s for `import torch`. Then compile them once, into a folder of our
-# own (the installation may be read-only); run-labs' summary names the folder.
+# reference machine (benchmarks/startup.py measures it). Then compile them once, into a folder of our
+# own (the installation may be read-only; stderr, warnings about test files in packages, is dropped);
+# run-labs' summary names the folder.
 if python3 -c "import pathlib, sys, torch; sys.exit(not (sys.flags.dont_write_bytecode and not \
     (pathlib.Path(torch.__file__).parent / '__pycache__').is_dir()))" 2>/dev/null; then
   unset PYTHONDONTWRITEBYTECODE
   export PYTHONPYCACHEPREFIX="${TMPDIR:-/tmp}/labutils-pycache"
   t0=$(date +%s)
-  python3 - <<'PY'
+  python3 - 2>/dev/null <<'PY'
 import compileall, os, sys
 # the folders on sys.path that hold packages: torch's installation, the wheels in .whl/site, the checkout
 for folder in dict.fromkeys(p for p in sys.path if os.path.isdir(p) and not p.endswith(".zip")):
