@@ -9,9 +9,13 @@ from labutils.labs.lab08_data_parallel import model as M
 PSI = M.n_params(M.BENCH)
 
 
-def _events(comm_after_backward: bool, comm: bool = True) -> list[dict]:
+OPTIMIZER_KERNEL = "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, FusedAdamMathFunctor>"
+
+
+def _events(comm_after_backward: bool, comm: bool = True, optimizer_wait: float | None = None) -> list[dict]:
     """A step's kernels: forward GEMMs, backward GEMMs, NCCL all-reduces beside or after them (or none:
-    ``comm=False``, a no_sync step)."""
+    ``comm=False``, a no_sync step); with ``optimizer_wait`` (us), AdamW's kernels that long after the
+    last backward kernel (and after the last all-reduce)."""
     ev, t = [], 0.0
     for name, n in (("forward", 20), ("backward", 40)):
         start = t
@@ -20,76 +24,100 @@ def _events(comm_after_backward: bool, comm: bool = True) -> list[dict]:
             t += 1000.0
         ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": start, "dur": t - start})
     comm_start = t if comm_after_backward else 22000.0
+    last_comm = comm_start
     for k in range(8 if comm else 0):
         ev.append({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
                    "ts": comm_start + k * 600.0, "dur": 500.0})
+        last_comm = comm_start + k * 600.0 + 500.0
+    if optimizer_wait is not None:
+        backward_end = t - 100.0  # the last GEMM's end
+        opt = max(backward_end + optimizer_wait, last_comm if comm else 0.0)
+        for k in range(3):
+            ev.append({"ph": "X", "cat": "kernel", "name": OPTIMIZER_KERNEL, "ts": opt + k * 300.0, "dur": 250.0})
     return ev
 
 
 def _traces(labels: dict, world_size: int, **tags) -> dict:
     """``{label: [summary per rank]}`` from ``{label: (comm_after_backward, comm)}``."""
-    return {label: [dict(trace.summarize(_events(after, comm), lane=f"rank {rank}"), file=None, **tags)
+    return {label: [dict(trace.summarize(_events(after, comm, optimizer_wait=10.0), lane=f"rank {rank}"),
+                         file=None, steps=1, **tags)
                     for rank in range(world_size)]
             for label, (after, comm) in labels.items()}
 
 
-def ddp(speedup: float = 1.93, hidden_best: float = 0.8, one_hidden: float = -0.5, wrapper: float = 0.005,
-        few_ctas_gain: float = 0.02, saved_psi: float = 4.0, world_size: int = 2) -> dict:
+def _timeline_fields(overlap_fraction: float, excess: float, accounted: float, tail: float) -> dict:
+    """A row's timeline (two ranks alike) whose stretch + tail is ``accounted`` times ``excess``."""
+    one = {"overlap_fraction": overlap_fraction, "stretch_ms": accounted * excess - tail, "tail_ms": tail,
+           "excess_ms": excess, "comm_ms": 5.0, "overlap_ms": 5.0 * overlap_fraction, "compute_ms": 70.0,
+           "no_sync_compute_ms": 70.0 - (accounted * excess - tail), "no_sync_tail_ms": 0.0,
+           "traced_step_ms": 72.0 + excess, "traced_no_sync_ms": 72.0}
+    return dict({k: one[k] for k in ("overlap_fraction", "stretch_ms", "tail_ms", "excess_ms")}, timeline=[one, one])
+
+
+def ddp(speedup: float = 1.93, overlap_best: float = 0.95, cost: float = 0.2, accounted: float = 1.0,
+        tail_share: float = 0.02, one_overlap: float = 0.05, wrapper: float = 0.005, few_ctas_gain: float = 0.02,
+        saved_psi: float = 4.0, world_size: int = 2, traced: bool = True) -> dict:
     """A recording in ``measure.ddp``'s format whose verdicts sit where the arguments put them: the fastest
-    configuration is 16 MB on 4 CTAs, ``few_ctas_gain`` faster than 16 MB on NCCL's default."""
+    configuration is 25 MB on 4 CTAs, ``few_ctas_gain`` faster than 25 MB on NCCL's default; ``cost`` is its
+    exposed time over its all-reduces alone, ``accounted`` its (stretch + tail) / traced excess, ``tail_share``
+    its tail over the all-reduces alone. ``traced=False``: a run on CPU ranks (no timeline, no CTAs)."""
     plain = 65.0
     no_sync = plain * (1 + wrapper)
     best_step = world_size * plain / speedup
-    default16 = best_step / (1 - few_ctas_gain)
+    default25 = best_step / (1 - few_ctas_gain)
+    comm = 5.6
 
-    def row(cap, ctas, step, comm):
+    def row(cap, ctas, step, overlap_fraction=0.9, exposed=None, tail=0.05):
         n = max(1, int(4 * PSI / (cap * 2**20)))
-        return {"bucket_cap_mb": cap, "ctas": ctas, "bucket_bytes": [4 * PSI // n] * n, "n_buckets": n,
-                "volume_psi": 2.0, "step_ms": step, "no_sync_ms": no_sync, "comm_ms": comm, "spread": 0.004}
+        exposed = step - no_sync if exposed is None else exposed
+        r = {"bucket_cap_mb": cap, "ctas": ctas, "bucket_bytes": [4 * PSI // n] * n, "n_buckets": n,
+             "volume_psi": 2.0, "step_ms": step, "no_sync_ms": no_sync, "comm_ms": comm, "spread": 0.004,
+             "exposed_ms": exposed, "exposed_samples_ms": [exposed] * 8}
+        if traced:
+            r.update(_timeline_fields(overlap_fraction, excess=exposed * 1.2, accounted=1.0, tail=tail))
+        else:
+            r.update({"timeline": None, "overlap_fraction": None, "stretch_ms": None, "tail_ms": None,
+                      "excess_ms": None})
+        return r
 
-    one_step = default16 + 2.0
-    sweep = [row(1, None, default16 + 0.5, 6.0), row(16, None, default16, 5.6), row(256, None, default16 + 0.4, 4.2),
-             row(2048, None, one_step, (one_step - no_sync) / (1 - one_hidden))]
-    for ctas in (16, 8, 4, 2):
-        step = best_step if ctas == 4 else (best_step + default16) / 2
-        comm = (best_step - no_sync) / (1 - hidden_best) if ctas == 4 else 5.6 * 24 / ctas
-        sweep.append(row(16, ctas, step, comm))
-    memory = {"bucket_cap_mb": 16, "ctas": 4,
+    sweep = [row(1, None, default25 + 0.5), row(25, None, default25),
+             row(2048, None, default25 + 3.0, overlap_fraction=one_overlap, tail=comm)]
+    if traced:
+        for ctas in (8, 4):
+            sweep.append(row(25, ctas, best_step if ctas == 4 else (best_step + default25) / 2))
+        b = sweep[-1]
+        b["exposed_ms"] = cost * comm
+        b.update(_timeline_fields(overlap_best, excess=b["exposed_ms"] * 1.2, accounted=accounted,
+                                  tail=tail_share * comm))
+    else:
+        sweep[1].update(step_ms=best_step, exposed_ms=cost * comm)
+    memory = {"bucket_cap_mb": 25, "ctas": 4 if traced else None,
               "view": {"state_bytes": 16.0 * PSI, "grad_copy_bytes": 0.0},
               "no_view": {"state_bytes": (16.0 + saved_psi) * PSI, "grad_copy_bytes": saved_psi * PSI}}
-    traces = _traces({"one bucket": (True, True)}, world_size, bucket_cap_mb=2048, ctas=None)
-    traces.update(_traces({"best": (False, True), "best, no_sync": (False, False)}, world_size,
-                          bucket_cap_mb=16, ctas=4))
-    cfg = dict(M.BENCH)
-    return {"config": cfg, "world_size": world_size, "n_params": PSI, "gpu": "NVIDIA H200", "compute_ms": plain,
-            "cta_cap_mb": 16, "sweep": sweep, "memory": memory, "traces": traces}
-
-
-def legacy_ddp(speedup: float = 1.93, hidden_best: float = 0.8, world_size: int = 2) -> dict:
-    """A recording in the format ``measure.ddp`` wrote before the no_sync baseline and the CTA sweep."""
-    compute = 65.0
-    comm = 4.2
-    best_step = world_size * compute / speedup
-    caps = [1, 4, 16, 64, 256, 2048]
-    sweep = []
-    for cap in caps:
-        step = best_step if cap == 16 else best_step + 2.0 if cap == max(caps) else best_step + 0.8
-        n = max(1, int(4 * PSI / (cap * 2**20)))
-        sweep.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": True, "state_bytes": 16.0 * PSI,
-                      "bucket_bytes": [4 * PSI // n] * n, "n_buckets": n, "volume_psi": 2.0,
-                      "step_ms": step, "comm_ms": comm})
-    best = min(sweep, key=lambda r: r["step_ms"])
-    best["comm_ms"] = (best["step_ms"] - compute) / (1 - hidden_best)  # so that exactly hidden_best is hidden
-    traces = _traces({"best bucket": (False, True), "one bucket": (True, True)}, world_size)
-    for label, cap in (("best bucket", 16), ("one bucket", max(caps))):
-        for t in traces[label]:
-            t["bucket_cap_mb"] = cap
-            del t["idle_ms"]  # not in the summaries of that time
-    return {"config": M.BENCH, "world_size": world_size, "n_params": PSI, "gpu": "NVIDIA H200",
-            "compute_ms": compute, "one_gpu_state_bytes": 16.0 * PSI, "sweep": sweep,
-            "no_bucket_view": {"bucket_cap_mb": 16, "gradient_as_bucket_view": False, "state_bytes": 20.0 * PSI,
-                               "bucket_bytes": [], "n_buckets": 76, "volume_psi": 2.0, "step_ms": best_step + 1},
+    traces = {}
+    if traced:
+        traces = _traces({"one bucket": (True, True)}, world_size, bucket_cap_mb=2048, ctas=None)
+        traces.update(_traces({"best": (False, True), "best, CPU activity": (False, True)}, world_size,
+                              bucket_cap_mb=25, ctas=4))
+    return {"config": dict(M.BENCH), "world_size": world_size, "n_params": PSI, "gpu": "NVIDIA H200" if traced
+            else "cpu", "compute_ms": plain, "cta_cap_mb": 25 if traced else None, "sweep": sweep, "memory": memory,
             "traces": traces}
+
+
+def no_timeline_ddp(speedup: float = 1.93, hidden_best: float = 0.8) -> dict:
+    """A recording in the format ``measure.ddp`` wrote before the paired difference and the timeline: the
+    sweep's rows without ``exposed_ms`` and the timeline fields, traces taken with CPU activity."""
+    d = ddp(speedup=speedup)
+    for r in d["sweep"]:
+        for k in ("exposed_ms", "exposed_samples_ms", "timeline", "overlap_fraction", "stretch_ms", "tail_ms",
+                  "excess_ms"):
+            r.pop(k)
+    best = min(d["sweep"], key=lambda r: r["step_ms"])
+    best["comm_ms"] = (best["step_ms"] - best["no_sync_ms"]) / (1 - hidden_best)  # exactly hidden_best hidden
+    one = max(d["sweep"], key=lambda r: r["bucket_cap_mb"])
+    one["comm_ms"] = (one["step_ms"] - one["no_sync_ms"]) / 1.5  # hidden: -50%
+    d["traces"] = _traces({"one bucket": (True, True), "best": (False, True), "best, no_sync": (False, False)}, 2)
+    return d
 
 
 def zero(off_by: float = 0.03, world_size: int = 2) -> dict:

@@ -76,6 +76,51 @@ def test_summarize_counts_gpu_idle_time():
     assert with_copy["idle_ms"] == pytest.approx(0.6) and with_copy["compute_ms"] == pytest.approx(s["compute_ms"])
     no_comm = trace.summarize(fakes._events(False, comm=False))  # a no_sync step: no NCCL kernel
     assert no_comm["comm_ms"] == 0 and no_comm["n_comm_kernels"] == 0 and no_comm["overlap_fraction"] == 0.0
+    assert no_comm["tail_ms"] is None  # no optimizer kernel in the trace: no tail to measure
+
+
+def _kernel(name, ts, dur):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def test_optimizer_kernels_are_told_apart_by_name():
+    assert trace.is_optimizer_kernel(fakes.OPTIMIZER_KERNEL)
+    assert trace.is_optimizer_kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>")
+    assert trace.is_optimizer_kernel("fused_adamw_kernel")
+    for name in ("sm90_xmma_gemm_bf16bf16_bf16f32", "void at::native::vectorized_elementwise_kernel<4, "
+                 "at::native::CUDAFunctor_add<float>>", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "Memcpy DtoD"):
+        assert not trace.is_optimizer_kernel(name), name
+
+
+def test_tail_is_the_compute_streams_wait_before_the_optimizer():
+    """Backward ends at 2 ms, the last all-reduce at 3 ms; AdamW starts at 3 ms: a 1 ms tail, although
+    the NCCL kernel ran until the optimizer started (NCCL kernels do not fill the compute stream's wait)."""
+    events = [_kernel("sm90_gemm", 0, 2000), _kernel("ncclDevKernel_AllReduce", 1500, 1500),
+              _kernel(fakes.OPTIMIZER_KERNEL, 3000, 200), _kernel(fakes.OPTIMIZER_KERNEL, 3250, 200)]
+    s = trace.summarize(events)
+    assert s["tail_ms"] == pytest.approx(1.0) and s["step_ms"] == pytest.approx(3.45)
+    assert s["overlap_ms"] == pytest.approx(0.5) and s["overlap_fraction"] == pytest.approx(1 / 3)
+    assert {sp["kind"] for sp in s["spans"]} == {"compute", "optimizer", "NCCL"}
+    # two steps back to back: per-step figures, one tail per step
+    second = [dict(e, ts=e["ts"] + 4000) for e in events]
+    two = trace.summarize(events + second, steps=2)
+    for key in ("tail_ms", "comm_ms", "compute_ms", "overlap_ms"):
+        assert two[key] == pytest.approx(s[key]), key
+    assert two["step_ms"] == pytest.approx(7.45 / 2) and two["n_comm_kernels"] == 2
+    # the optimizer starting while a compute kernel still runs (another stream): no wait, not a negative one
+    assert trace.summarize([_kernel("gemm", 0, 2000), _kernel(fakes.OPTIMIZER_KERNEL, 1500, 100)])["tail_ms"] == 0
+    # a non-optimizer kernel between optimizer kernels adds only its own short gap
+    assert trace.wait_before([(0, 2, "gemm"), (3, 4, "adam"), (4, 4.5, "copy"), (4.6, 5, "adam")],
+                             trace.is_optimizer_kernel) == pytest.approx(1.1)
+    assert trace.wait_before([(0, 1, "adam")], trace.is_optimizer_kernel) == 0  # nothing before it
+
+
+def test_profile_step_refuses_what_it_cannot_record(tmp_path):
+    with pytest.raises(ValueError, match="int >= 1"):
+        trace.profile_step(lambda: None, tmp_path / "x.json", steps=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not in use"):
+            trace.profile_step(lambda: None, tmp_path / "x.json", cpu=False)
 
 
 def test_settle_is_a_no_op_off_cuda():
@@ -88,6 +133,7 @@ def test_summarize_reads_kernels_phases_and_overlap():
     assert s["comm_ms"] == pytest.approx(4.0) and s["n_comm_kernels"] == 8
     assert 0.8 < s["overlap_fraction"] <= 1.0
     assert {sp["lane"] for sp in s["spans"]} == {"r0 phase", "r0 compute kernels", "r0 NCCL kernels"}
+    assert s["tail_ms"] is None  # no optimizer kernel in this step
     after = trace.summarize(fakes._events(comm_after_backward=True))
     assert after["overlap_fraction"] == 0.0 and after["step_ms"] > s["step_ms"]
     with pytest.raises(ValueError, match="no GPU kernel"):
@@ -95,73 +141,99 @@ def test_summarize_reads_kernels_phases_and_overlap():
 
 
 def test_a_profiled_cpu_step_is_a_readable_gzip_trace(tmp_path):
-    path = trace.profile_step(lambda: torch.ones(8, 8) @ torch.ones(8, 8), tmp_path / "t" / "step.json.gz")
+    path = trace.profile_step(lambda: torch.ones(8, 8) @ torch.ones(8, 8), tmp_path / "t" / "step.json.gz", steps=2)
     events = trace.load_events(path)
-    assert path.exists() and path.suffix == ".gz" and any(e.get("name") == "aten::matmul" for e in events)
+    assert path.exists() and path.suffix == ".gz"
+    assert sum(e.get("name") == "aten::matmul" for e in events) == 2
 
 
 def _verdicts(data) -> dict:
     """``{first words of the claim: verdict}`` of ``C.ddp_verdicts(data)``."""
-    return {v.claim.split(" (")[0].split(",")[0][:24]: v.verdict for v in C.ddp_verdicts(data)}
+    return {v.claim[:40]: v.verdict for v in C.ddp_verdicts(data)}
 
 
 def test_ddp_verdicts_follow_their_thresholds_on_both_sides():
     ok = C.ddp_verdicts(fakes.ddp())
-    assert len(ok) == 6 and all(v.verdict == "TRUE" for v in ok), [v.line() for v in ok]
+    assert len(ok) == 9 and all(v.verdict == "TRUE" for v in ok), [v.line() for v in ok]
     names = list(_verdicts(fakes.ddp()))
     flipped = {  # one argument moved across its threshold flips exactly one verdict
         names[0]: fakes.ddp(speedup=1.80),
-        names[1]: fakes.ddp(hidden_best=0.6),
-        names[2]: fakes.ddp(one_hidden=0.4),
-        names[3]: fakes.ddp(wrapper=0.03),
-        names[4]: fakes.ddp(few_ctas_gain=0.005),
-        names[5]: fakes.ddp(saved_psi=3.0),
+        names[1]: fakes.ddp(overlap_best=0.65),
+        names[2]: fakes.ddp(cost=0.35),
+        names[3]: fakes.ddp(accounted=0.65),
+        names[4]: fakes.ddp(tail_share=0.12),
+        names[5]: fakes.ddp(one_overlap=0.3),
+        names[6]: fakes.ddp(wrapper=0.03),
+        names[7]: fakes.ddp(few_ctas_gain=0.005),
+        names[8]: fakes.ddp(saved_psi=3.0),
     }
     for name, data in flipped.items():
         got = _verdicts(data)
         assert got[name] == "FALSE" and sum(v == "FALSE" for v in got.values()) == 1, (name, got)
-    near = {names[0]: fakes.ddp(speedup=1.86), names[1]: fakes.ddp(hidden_best=0.71),
-            names[3]: fakes.ddp(wrapper=0.019), names[4]: fakes.ddp(few_ctas_gain=0.011),
-            names[5]: fakes.ddp(saved_psi=4.35)}
+    assert _verdicts(fakes.ddp(accounted=1.35))[names[3]] == "FALSE"  # the stretch overshoots the excess
+    near = {names[0]: fakes.ddp(speedup=1.86), names[1]: fakes.ddp(overlap_best=0.71),
+            names[2]: fakes.ddp(cost=0.29), names[3]: fakes.ddp(accounted=0.71), names[4]: fakes.ddp(tail_share=0.09),
+            names[5]: fakes.ddp(one_overlap=0.24), names[6]: fakes.ddp(wrapper=0.019),
+            names[7]: fakes.ddp(few_ctas_gain=0.011), names[8]: fakes.ddp(saved_psi=4.35)}
     for name, data in near.items():
         assert _verdicts(data)[name] == "TRUE", name
     assert overlap.speedup(fakes.ddp(speedup=1.9)) == pytest.approx(1.9)
-    assert overlap.hidden(fakes.ddp(hidden_best=0.75), overlap.best(fakes.ddp(hidden_best=0.75))) == pytest.approx(0.75)
 
 
-def test_a_recording_without_no_sync_keeps_its_original_verdicts():
-    """Recordings made before the no_sync baseline and the CTA sweep (the committed one until the GPUs
-    re-record it) are judged as they were: hidden share against the one-GPU step."""
-    old = fakes.legacy_ddp()
-    assert overlap.is_legacy(old) and not overlap.is_legacy(fakes.ddp())
+def test_ddp_verdicts_from_cpu_ranks_say_the_timeline_is_not_measured():
+    got = C.ddp_verdicts(fakes.ddp(traced=False))
+    words = [v.verdict for v in got]
+    assert words.count(C.NOT_MEASURED) == 4 and len(got) == 8  # no CTA sweep on gloo
+    assert all(v.figure.startswith("no kernel timeline") for v in got if v.verdict == C.NOT_MEASURED)
+    assert {v.verdict for v in got if v.verdict != C.NOT_MEASURED} == {"TRUE"}
+
+
+def test_a_recording_without_the_timeline_keeps_its_verdicts():
+    """Recordings made before the paired difference and the kernel timeline (the committed one until the
+    GPUs re-record it) are judged as they were printed: hidden share against the no_sync step."""
+    old = fakes.no_timeline_ddp()
+    assert not overlap.measures_exposed(old) and overlap.measures_exposed(fakes.ddp())
     got = C.ddp_verdicts(old)
-    assert [v.claim.split(",")[0] for v in got] == [
-        "DDP on 2 GPUs trains a compute-bound transformer at >= 1.85x one GPU's throughput",
-        "At the best bucket size", "With a cap above the model's size the all-reduce waits for the whole backward: "
-        "little is hidden", "gradient_as_bucket_view=True saves one copy of the gradients (4 bytes per parameter)"]
-    assert [v.verdict for v in got] == ["TRUE"] * 4
-    assert [v.verdict for v in C.ddp_verdicts(fakes.legacy_ddp(speedup=1.80, hidden_best=0.6))[:2]] == ["FALSE"] * 2
-    assert overlap.cta_sweep(old) == [] and overlap.decomposition(old) is None
-    assert "no_sync ms" not in overlap.sweep_table(old).columns
+    assert [v.claim.split(" (")[0] for v in got][:2] == [
+        "DDP on 2 GPUs trains a compute-bound transformer at >= 1.85x one GPU's throughput", "At the best configuration"]
+    assert [v.verdict for v in got] == ["TRUE"] * 6, [v.line() for v in got]
+    assert [v.verdict for v in C.ddp_verdicts(fakes.no_timeline_ddp(speedup=1.80, hidden_best=0.6))[:2]] == ["FALSE"] * 2
+    table = overlap.sweep_table(old)
+    assert table["stretch ms"].isna().all() and (table["exposed ms"] == table["step ms"] - table["no_sync ms"]).all()
 
 
 def test_overlap_arithmetic():
     assert overlap.hidden_fraction(10.0, 4.0, 11.0) == pytest.approx(0.75)
+    assert overlap.paired_difference([10.0, 12.0, 11.0], [9.0, 9.5, 10.5]) == (1.0, [1.0, 2.5, 0.5])
+    with pytest.raises(ValueError, match="paired"):
+        overlap.paired_difference([10.0, 12.0], [9.0])
     d = fakes.ddp()
-    assert [r["ctas"] for r in overlap.cta_sweep(d)] == [None, 16, 8, 4, 2]
-    assert [r["bucket_cap_mb"] for r in overlap.default_ctas(d)] == [1, 16, 256, 2048]
+    assert [r["ctas"] for r in overlap.cta_sweep(d)] == [None, 8, 4]
+    assert [r["bucket_cap_mb"] for r in overlap.default_ctas(d)] == [1, 25, 2048]
     assert overlap.one_bucket(d)["bucket_cap_mb"] == 2048 and overlap.best(d)["ctas"] == 4
-    assert overlap.label(overlap.best(d)) == "16 MB cap, 4 CTAs" and overlap.ctas_label(None) == "NCCL default"
-    parts = overlap.decomposition(d)
-    assert parts["ddp_overhead"] == pytest.approx(d["sweep"][0]["no_sync_ms"] - d["compute_ms"])
-    assert parts["comm_cost"] == pytest.approx(overlap.best(d)["step_ms"] - overlap.best(d)["no_sync_ms"])
-    assert {"compute_slowdown", "idle_added", "comm_alone_in_step"} <= set(parts)
+    assert overlap.label(overlap.best(d)) == "25 MB cap, 4 CTAs" and overlap.ctas_label(None) == "NCCL default"
     table = overlap.sweep_table(d)
-    assert list(table["NCCL CTAs"])[-4:] == ["16 CTAs", "8 CTAs", "4 CTAs", "2 CTAs"]
-    assert table["comm cost ms"].iloc[1] == pytest.approx(d["sweep"][1]["step_ms"] - d["sweep"][1]["no_sync_ms"])
-    assert overlap.rank_wait_ms([{"comm_ms": 3.0}, {"comm_ms": 5.5}]) == pytest.approx(2.5)
-    no_ctas = dict(d, cta_cap_mb=None, sweep=overlap.default_ctas(d))  # a run on gloo: no CTA sweep
-    assert overlap.cta_sweep(no_ctas) == [] and len(C.ddp_verdicts(no_ctas)) == 5
+    assert list(table["NCCL CTAs"])[-2:] == ["8 CTAs", "4 CTAs"]
+    assert table["exposed ms"].iloc[1] == pytest.approx(d["sweep"][1]["exposed_ms"])
+    assert table["beside compute"].iloc[2] == pytest.approx(0.05)
+    assert overlap.sweep_table(fakes.ddp(traced=False))["tail ms"].isna().all()
+    step, no_sync = (trace.summarize(fakes._events(False, comm, optimizer_wait=w)) for comm, w in
+                     ((True, 400.0), (False, 10.0)))
+    t = overlap.timeline(step, no_sync)
+    assert t["tail_ms"] == pytest.approx(0.4) and t["no_sync_tail_ms"] == pytest.approx(0.01)
+    assert t["stretch_ms"] == pytest.approx(0.0) and t["excess_ms"] == pytest.approx(0.39)
+    assert t["overlap_fraction"] == step["overlap_fraction"] > 0.8
+    assert overlap.slowest([t, dict(t, traced_step_ms=1e3, tail_ms=9.0)])["tail_ms"] == 9.0
+
+
+def test_profiler_cost_reads_both_recording_formats():
+    d = fakes.ddp()
+    cost = overlap.profiler_cost(d)
+    assert cost["timed_ms"] == overlap.best(d)["step_ms"] and cost["cuda_only_ms"] == 72.0 + overlap.best(d)["excess_ms"]
+    assert cost["cpu_activity_ms"] == d["traces"]["best, CPU activity"][0]["step_ms"]
+    old = overlap.profiler_cost(fakes.no_timeline_ddp())  # its "best" trace was taken with CPU activity
+    assert old["cuda_only_ms"] is None and old["cpu_activity_ms"] > 0 and old["cpu_activity_idle_ms"] >= 0
+    assert overlap.profiler_cost(fakes.ddp(traced=False)) is None
 
 
 def test_zero_and_fsdp_verdicts_follow_their_thresholds():
@@ -394,16 +466,19 @@ def test_measurements_run_on_gloo(pool):
     CUDA, no trace is taken without GPU kernels, and CTAs exist only on NCCL); the figures themselves come
     from the GPUs."""
     from labutils.labs.lab08_data_parallel import measure
-    cfg = dict(M.SMALL_TF, warmup=1, repeat=1, bucket_caps_mb=[0.01, 4], ctas=[2], memory_rows=1, memory_seq=4,
-               prefetch=1)
+    cfg = dict(M.SMALL_TF, warmup=1, repeat=1, bucket_caps_mb=[0.01, 4], ctas=[2], paired_repeat=2, paired_iters=1,
+               trace_steps=1, memory_rows=1, memory_seq=4, prefetch=1)
     d = measure.ddp(pool, cfg)
     assert [r["n_buckets"] for r in d["sweep"]] == [10, 1] and d["traces"] == {}
     assert [r["ctas"] for r in d["sweep"]] == [None, None] and d["cta_cap_mb"] is None
     assert all(r["volume_psi"] == pytest.approx(2.0) and r["step_ms"] > 0 and r["no_sync_ms"] > 0
                and r["comm_ms"] > 0 for r in d["sweep"])
     assert sum(d["sweep"][0]["bucket_bytes"]) == 4 * M.n_params(cfg)
-    assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and not overlap.is_legacy(d)
-    C.ddp_verdicts(d)  # computable from a real run
+    assert all(len(r["exposed_samples_ms"]) == 2 and r["exposed_ms"] == pytest.approx(
+        sum(r["exposed_samples_ms"]) / 2) and r["timeline"] is None and not overlap.has_timeline(r) for r in d["sweep"])
+    assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and overlap.measures_exposed(d)
+    got = C.ddp_verdicts(d)  # computable from a real run; no timeline on CPU ranks
+    assert sum(v.verdict == C.NOT_MEASURED for v in got) == 4
     z = measure.zero(pool, cfg)
     assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
     assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])

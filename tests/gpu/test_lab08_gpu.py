@@ -21,8 +21,8 @@ from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tes
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 SMALL_BENCH = {"d_model": 256, "n_heads": 4, "n_layers": 4, "seq": 128, "batch_per_rank": 4, "warmup": 1,
-               "repeat": 2, "bucket_caps_mb": [1, 64], "ctas": [4], "memory_rows": 1, "memory_seq": 16,
-               "prefetch": 1}
+               "repeat": 2, "bucket_caps_mb": [1, 64], "ctas": [4], "paired_repeat": 2, "paired_iters": 1,
+               "trace_steps": 2, "memory_rows": 1, "memory_seq": 16, "prefetch": 1}
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +111,20 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
     assert view["grad_copy_bytes"] == 0
     assert no_view["grad_copy_bytes"] == pytest.approx(4 * psi, rel=0.02)
     assert no_view["state_bytes"] - view["state_bytes"] == pytest.approx(4 * psi, rel=0.05)
-    assert set(d["traces"]) == {"best", "best, no_sync", "one bucket"}
+    assert set(d["traces"]) == {"best", "one bucket", "best, CPU activity"}
     for label, per_rank in d["traces"].items():
         assert len(per_rank) == 2
         for r, t in enumerate(per_rank):
-            if label == "best, no_sync":
-                assert t["n_comm_kernels"] == 0, label  # no all-reduce under no_sync
-            else:
-                assert t["n_comm_kernels"] >= 1 and t["comm_ms"] > 0, label
-            assert t["idle_ms"] >= 0 and (tmp_path / t["file"]).exists() and t["file"].endswith(f"rank{r}.json.gz")
+            assert t["n_comm_kernels"] >= 1 and t["comm_ms"] > 0 and t["idle_ms"] >= 0, label
+            assert t["tail_ms"] is not None and t["tail_ms"] >= 0, label  # AdamW's kernels found by name
+            assert (tmp_path / t["file"]).exists() and t["file"].endswith(f"rank{r}.json.gz")
     assert d["traces"]["one bucket"][0]["bucket_cap_mb"] == max(SMALL_BENCH["bucket_caps_mb"])
-    assert len(C.ddp_verdicts(d)) == 6  # computable from a real recording, the CTA verdict included
-    assert overlap.decomposition(d)["comm_cost"] == pytest.approx(
-        overlap.best(d)["step_ms"] - overlap.best(d)["no_sync_ms"])
+    for row in d["sweep"]:  # every configuration traced with CUDA activity only, on every rank
+        assert len(row["timeline"]) == 2 and overlap.has_timeline(row) and 0 <= row["overlap_fraction"] <= 1
+        assert len(row["exposed_samples_ms"]) == SMALL_BENCH["paired_repeat"]
+        assert all(t["no_sync_tail_ms"] is not None for t in row["timeline"])
+    got = C.ddp_verdicts(d)
+    assert len(got) == 9 and C.NOT_MEASURED not in {v.verdict for v in got}  # the CTA verdict included
 
     z = measure.zero(pool, SMALL_BENCH)
     peaks = [r["peak_bytes"] for r in z["rows"]]

@@ -6,8 +6,10 @@
         fsdp = measure.fsdp(pool)                     # "08_fsdp": DDP vs FSDP2 variants
 
 A training step is ``steps.train_step`` on ``model.BENCH``'s transformer with fp32 weights. Times: CUDA
-events, untimed warm-up steps, the median of ``cfg["repeat"]`` samples, each sample the slowest rank's
-(``timing``). Memory: bytes allocated above what the rank held before the model was built
+events, untimed warm-up steps, the median of ``cfg["repeat"]`` samples (08_ddp: ``cfg["paired_repeat"]``
+samples of ``cfg["paired_iters"]`` steps, step and no_sync in turn), each sample the slowest rank's
+(``timing``). Kernel timelines: the profiler with CUDA activity only (``trace.profile_step(cpu=False)``),
+so that the CPU profiler's cost on the issuing thread does not enter the figures. Memory: bytes allocated above what the rank held before the model was built
 (``memory.fresh_baseline``), read after ``memory.settle``. Volumes: the bytes handed to the collectives
 during one step (``ledger.CollectiveLedger``), in units of Psi elements. The code under test (ZeRO,
 FSDP2 wrapping) is passed in; the defaults are ``reference``'s. ``ddp_sweep`` is 08_ddp's rank side.
@@ -17,13 +19,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
 from labutils.solutions import lab08 as solution
 
-from . import memory, reference, steps, trace
+from . import memory, overlap, reference, steps, trace
 from . import model as M
 from .ddp_sweep import ddp_rank
 from .ledger import CollectiveLedger
@@ -36,11 +39,20 @@ REFERENCE_ZERO = {"shard_of": reference.shard_of, "zero1_step": solution.zero1_s
 # ---- 08_ddp ----------------------------------------------------------------------------------------
 def ddp(pool, cfg: dict | None = None, trace_dir=None) -> dict:
     """Recording ``08_ddp`` (``ddp_sweep.ddp_rank`` on every rank); trace files go to ``trace_dir`` when
-    given. Traces hold every rank's summary: ``data["traces"][label][rank]``."""
+    given. Each configuration keeps every rank's timeline (``row["timeline"][rank]``, None off GPUs) and
+    the slowest traced rank's ``overlap.TIMELINE_FIELDS`` (None off GPUs); traces hold every rank's
+    summary: ``data["traces"][label][rank]``."""
     cfg = cfg or M.BENCH
     results = pool.run(ddp_rank, cfg, str(Path(trace_dir).resolve()) if trace_dir else None,
                        timeout=600, output="quiet")
-    data = {k: v for k, v in results[0].items() if k != "traces"}
+    data = {k: v for k, v in results[0].items() if k not in ("traces", "sweep")}
+    data["sweep"] = []
+    for i, row in enumerate(results[0]["sweep"]):
+        per_rank = [r["sweep"][i]["timeline"] for r in results]
+        row = dict(row, timeline=per_rank if all(per_rank) else None)
+        picked = overlap.slowest(per_rank) if row["timeline"] else {}
+        row.update({k: picked.get(k) for k in overlap.TIMELINE_FIELDS})
+        data["sweep"].append(row)
     data["traces"] = {label: [r["traces"][label] for r in results] for label in results[0]["traces"]}
     return data
 
@@ -110,10 +122,12 @@ def traced_variants(cfg: dict) -> tuple[str, ...]:
 
 
 def _kernel_summary(step, rank: int) -> dict:
-    """``trace.summarize`` of one profiled ``step`` (after a barrier), without the spans to draw."""
+    """``trace.summarize`` of one profiled ``step`` (after a barrier; CUDA activity only, see the module
+    docstring), without the spans to draw."""
     dist.barrier()
+    torch.cuda.synchronize()
     with tempfile.TemporaryDirectory(prefix="lab08-fsdp-") as folder:
-        path = trace.profile_step(step, Path(folder) / f"step_rank{rank}.json.gz")
+        path = trace.profile_step(step, Path(folder) / f"step_rank{rank}.json", cpu=False)
         summary = trace.summarize(trace.load_events(path), lane=f"rank {rank}")
     return {k: v for k, v in summary.items() if k != "spans"}
 

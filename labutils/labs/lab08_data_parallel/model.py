@@ -25,11 +25,18 @@ import torch.nn.functional as F
 SMALL_TF = {"d_model": 32, "n_heads": 4, "n_layers": 3, "seq": 8, "batch_per_rank": 2}
 
 # Measurements on 2xH200 (see the module docstring). ~302 M parameters, 1.2 GB of fp32 gradients.
-# bucket_caps_mb: one bucket per weight (1), a few weights (16), a few blocks (256), everything (2048);
-# ctas: NCCL thread blocks per collective for the CTA sweep (NCCL's own choice is the sweep's baseline).
+# The DDP sweep keeps the configurations that each teach something, at ~4 s each on 2xH200:
+# bucket_caps_mb: about one weight a bucket (1: the most overlap, the most launches), DDP's default (25),
+# and above the gradients' size (2048: one bucket, which cannot start before backward ends);
+# ctas: the best cap again with NCCL's collectives on 8 CTAs (its own choice is the baseline): fewer SMs
+# for NCCL, so each all-reduce runs longer beside backward.
+# paired_repeat x paired_iters: samples of step and no_sync in turn; one sample's difference is noisy
+# (a recording keeps them all: exposed_samples_ms), the median of 8 is what the verdicts read.
+# trace_steps: steps (and as many no_sync steps) under the CUDA-only profiler per configuration.
+# warmup / repeat: the plain model's untimed steps; FSDP's samples.
 BENCH = {"d_model": 1024, "n_heads": 16, "n_layers": 24, "seq": 1024, "batch_per_rank": 16,
-         "warmup": 2, "repeat": 3, "bucket_caps_mb": [1, 16, 256, 2048], "ctas": [16, 8, 4, 2],
-         "memory_rows": 1, "memory_seq": 64, "prefetch": 2}
+         "warmup": 2, "repeat": 3, "bucket_caps_mb": [1, 25, 2048], "ctas": [8], "paired_repeat": 8,
+         "paired_iters": 2, "trace_steps": 2, "memory_rows": 1, "memory_seq": 64, "prefetch": 2}
 
 
 class ConvNet(nn.Module):

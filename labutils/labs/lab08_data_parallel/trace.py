@@ -1,16 +1,23 @@
 """One training step under ``torch.profiler``: a Perfetto-ready trace file, and the spans it contains.
 
-    path = trace.profile_step(step, "traces/08_ddp_rank0.json.gz")   # chrome trace, gzip'd
-    t = trace.summarize(trace.load_events(path), lane="rank 0")
+    path = trace.profile_step(step, "traces/08_ddp_rank0.json.gz", cpu=False, steps=2)  # kernels only
+    t = trace.summarize(trace.load_events(path), lane="rank 0", steps=2)  # per step
     t["comm_ms"], t["overlap_ms"]            # NCCL kernel time, and how much of it ran beside compute
+    t["tail_ms"]                             # the compute stream's wait before the optimizer's kernels
     t["idle_ms"]                             # time in the step when no kernel at all ran on the GPU
-    plots.timeline_plot(t["spans"])          # phases, compute kernels, NCCL kernels
+    plots.timeline_plot(t["spans"])          # phases, compute and optimizer kernels, NCCL kernels
 
 Open the file in https://ui.perfetto.dev (or chrome://tracing): one row per CUDA stream; DDP's
 all-reduces are the ``ncclDevKernel_AllReduce...`` kernels on NCCL's own stream, beside the backward's
 GEMMs on the default stream. ``summarize`` reads the same file: kernels whose name starts with
-``nccl`` are communication, every other kernel is compute, and the ``record_function`` ranges
-("forward", "backward", "optimizer") appear on the GPU as ``gpu_user_annotation`` events.
+``nccl`` are communication, every other kernel is compute; among those, the optimizer's kernels are
+recognised by name (``is_optimizer_kernel``: AdamW's fused and foreach kernels).
+
+With ``cpu=True`` the profiler also records every operator, hook and launch on the CPU thread that
+issues the GPU work -- and slows that thread, so a step whose GPU waits for its CPU gets longer under
+it. ``cpu=False`` records the GPU's kernels only (through CUPTI): the timeline of a step as it runs
+untraced, to within the cost of recording kernels. The ``record_function`` phases ("forward",
+"backward", "optimizer") appear as ``gpu_user_annotation`` events only with ``cpu=True``.
 """
 from __future__ import annotations
 
@@ -22,23 +29,60 @@ from typing import Callable
 PHASES = ("forward", "backward", "optimizer")
 
 
-def profile_step(step: Callable[[], None], path: str | Path) -> Path:
-    """Run ``step()`` once under the profiler (CPU + CUDA activity) and write a chrome trace to
-    ``path`` (gzip'd when it ends with ``.gz``). ``step`` should wrap its phases in
-    ``torch.profiler.record_function(name)`` for the phase lane. Returns the path."""
+def profile_step(step: Callable[[], None], path: str | Path, *, cpu: bool = True, steps: int = 1) -> Path:
+    """Run ``step()`` ``steps`` times, back to back, under the profiler and write a chrome trace to
+    ``path`` (gzip'd when it ends with ``.gz``). ``cpu=True`` records CPU activity (operators, hooks,
+    launches; ``step`` should wrap its phases in ``torch.profiler.record_function(name)`` for the phase
+    lane) and, when CUDA is in use, the GPU's; ``cpu=False`` records the GPU's kernels only. Returns the path.
+
+    Raises:
+        ValueError: ``steps`` < 1, or ``cpu=False`` without CUDA in use (there would be nothing to record).
+    """
     import torch
     from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        activities.append(ProfilerActivity.CUDA)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: profile_step needs an int >= 1. HINT: steps=1 for one step.")
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if not cpu and not cuda:
+        raise ValueError("profile_step(cpu=False) records GPU kernels only, and CUDA is not in use here. "
+                         "HINT: profile a step that runs on a GPU, or pass cpu=True.")
+    activities = ([ProfilerActivity.CPU] if cpu else []) + ([ProfilerActivity.CUDA] if cuda else [])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with profile(activities=activities) as prof:
-        step()
-        if ProfilerActivity.CUDA in activities:
+        for _ in range(steps):
+            step()
+        if cuda:
             torch.cuda.synchronize()
     prof.export_chrome_trace(str(path))
     return path
+
+
+def is_optimizer_kernel(name: str) -> bool:
+    """True for the kernels of ``torch.optim``'s fused and foreach AdamW: their names hold ``adam``
+    (``FusedAdamMathFunctor``) or ``multi_tensor`` (``multi_tensor_apply_kernel``, which runs every
+    foreach update). Neither forward, backward nor DDP's bucket copies launch such kernels."""
+    name = name.lower()
+    return not name.startswith("nccl") and ("adam" in name or "multi_tensor" in name)
+
+
+def wait_before(kernels, is_target) -> float:
+    """Total time the GPU ran none of ``kernels`` just before each run of target kernels.
+
+    ``kernels`` is a list of ``(start, end, name)``; a *run* is a maximal stretch of target kernels in
+    start order. Before each run, the wait is the run's first start minus the latest end of the
+    non-target kernels that started before it (zero if they still ran). Summed over the runs (a trace
+    of several steps has one run per step)."""
+    waited, last_end, in_run = 0.0, None, False
+    for a, b, name in sorted(kernels):
+        if is_target(name):
+            if not in_run and last_end is not None:
+                waited += max(0.0, a - last_end)
+            in_run = True
+        else:
+            last_end = b if last_end is None else max(last_end, b)
+            in_run = False
+    return waited
 
 
 def load_events(path: str | Path) -> list[dict]:
@@ -92,16 +136,20 @@ def merge_close(intervals, gap: float) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.05) -> dict:
-    """Kernels and phases of one profiled step, in ms from the first GPU event.
+def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.05, steps: int = 1) -> dict:
+    """Kernels and phases of ``steps`` profiled steps, times per step in ms.
 
     Returns:
-        ``{"step_ms", "compute_ms", "comm_ms", "overlap_ms", "overlap_fraction", "idle_ms",
-        "n_comm_kernels", "spans"}``: busy times are unions of kernel intervals; ``overlap_ms`` is the
-        time NCCL kernels ran while a compute kernel ran too; ``idle_ms`` the time within the step when
-        no kernel, memcpy or memset ran (the GPU waited: for the CPU to issue work); ``spans``
-        (for ``plots.timeline_plot``) are the phases and the kernels merged where less than
-        ``draw_gap_ms`` apart.
+        ``{"step_ms", "compute_ms", "comm_ms", "overlap_ms", "overlap_fraction", "idle_ms", "tail_ms",
+        "n_comm_kernels", "spans"}``: ``step_ms`` is the span from the first GPU event to the last over
+        ``steps``; busy times are unions of kernel intervals over ``steps``; ``overlap_ms`` is the time
+        NCCL kernels ran while a compute kernel ran too, ``overlap_fraction`` its share of ``comm_ms``;
+        ``idle_ms`` the time within the step when no kernel, memcpy or memset ran (the GPU waited: for
+        the CPU to issue work, or for another rank); ``tail_ms`` the time the compute kernels stopped
+        before the optimizer's started (``wait_before``: the optimizer waiting for the last all-reduce),
+        None when no optimizer kernel is in the trace; ``n_comm_kernels`` is over all ``steps``. ``spans``
+        (for ``plots.timeline_plot``, in ms from the first GPU event) are the phases and the kernels,
+        merged where less than ``draw_gap_ms`` apart.
 
     Raises:
         ValueError: the trace holds no GPU kernel (a CPU-only trace, or CUDA activity not recorded).
@@ -115,6 +163,8 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     iv = lambda e: (float(e["ts"]) / 1e3, (float(e["ts"]) + float(e.get("dur", 0))) / 1e3)  # noqa: E731
     comm = [iv(e) for e in kernels if e["name"].lower().startswith("nccl")]
     compute = [iv(e) for e in kernels if not e["name"].lower().startswith("nccl")]
+    optimizer = [iv(e) for e in kernels if is_optimizer_kernel(e["name"])]
+    non_nccl = [(*iv(e), e["name"]) for e in kernels if not e["name"].lower().startswith("nccl")]
     copies = [iv(e) for e in events if e.get("ph") == "X" and e.get("cat") in ("gpu_memcpy", "gpu_memset")]
     t0 = min(a for a, _ in comm + compute + [iv(e) for e in phases])
     t1 = max(b for _, b in comm + compute + [iv(e) for e in phases])
@@ -123,9 +173,12 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     spans = [{"lane": f"{lane} phase", "start_ms": a - t0, "end_ms": b - t0, "kind": e["name"], "label": e["name"]}
              for e, (a, b) in ((e, iv(e)) for e in phases)]
     spans += [{"lane": f"{lane} compute kernels", "start_ms": a - t0, "end_ms": b - t0, "kind": "compute"}
-              for a, b in merge_close(compute, draw_gap_ms)]
+              for a, b in merge_close([k for k in compute if k not in set(optimizer)], draw_gap_ms)]
+    spans += [{"lane": f"{lane} compute kernels", "start_ms": a - t0, "end_ms": b - t0, "kind": "optimizer"}
+              for a, b in merge_close(optimizer, draw_gap_ms)]
     spans += [{"lane": f"{lane} NCCL kernels", "start_ms": a - t0, "end_ms": b - t0, "kind": "NCCL"}
               for a, b in merge_close(comm, draw_gap_ms)]
-    return {"step_ms": t1 - t0, "compute_ms": total(compute), "comm_ms": comm_ms, "overlap_ms": overlap_ms,
-            "overlap_fraction": overlap_ms / comm_ms if comm_ms else 0.0,
-            "idle_ms": (t1 - t0) - busy, "n_comm_kernels": len(comm), "spans": spans}
+    tail = wait_before(non_nccl, is_optimizer_kernel) / steps if optimizer else None
+    return {"step_ms": (t1 - t0) / steps, "compute_ms": total(compute) / steps, "comm_ms": comm_ms / steps,
+            "overlap_ms": overlap_ms / steps, "overlap_fraction": overlap_ms / comm_ms if comm_ms else 0.0,
+            "idle_ms": ((t1 - t0) - busy) / steps, "tail_ms": tail, "n_comm_kernels": len(comm), "spans": spans}
