@@ -80,14 +80,34 @@ def at_most(claim: str, value: float, threshold: float, *, figure: str, **words)
     return compare(claim, value, "<=", threshold, figure=figure, **words)
 
 
+def percents(value: float, limit: float, *, most_decimals: int = 6) -> tuple[str, str]:
+    """``value`` and ``limit`` (fractions) as percentages rounded alike, with the fewest decimals that keep
+    them in the order the unrounded numbers have: ``value <= limit`` exactly when the printed value is at most
+    the printed limit. So a figure printed beside a verdict never contradicts it, as ``off by 15%`` beside
+    ``within 15%`` and FALSE would (the unrounded error being 15.2%).
+
+        percents(0.152, 0.15) == ("15.2%", "15.0%");  percents(0.07, 0.1) == ("7%", "10%")
+    """
+    value, limit = float(value), float(limit)
+    decimals = 0
+    while decimals < most_decimals and (round(value * 100, decimals) <= round(limit * 100, decimals)) != (
+            value <= limit):
+        decimals += 1
+    return f"{value * 100:.{decimals}f}%", f"{limit * 100:.{decimals}f}%"
+
+
 def within(claim: str, value: float, expected: float, rel_tol: float, *, figure: str,
            true: str = TRUE, false: str = FALSE) -> Verdict:
-    """``true`` if ``|value / expected - 1| <= rel_tol`` (e.g. a prediction within 25% of a measurement)."""
+    """``true`` if ``|value / expected - 1| <= rel_tol`` (e.g. a prediction within 25% of a measurement).
+
+    The rule prints the error and the tolerance with the decimals that keep them on the verdict's side of
+    each other (``percents``)."""
     if not expected:
         raise ValueError(f"cannot judge {claim!r} against an expected value of {expected!r}. "
                          "HINT: the reference measurement is zero or missing.")
     err = abs(float(value) / float(expected) - 1.0)
-    return Verdict(claim, figure, f"{true} if within {rel_tol:.0%} (off by {err:.0%})",
+    shown_err, shown_tol = percents(err, rel_tol)
+    return Verdict(claim, figure, f"{true} if within {shown_tol} (off by {shown_err})",
                    true if err <= rel_tol else false)
 
 

@@ -233,6 +233,7 @@ class NcclLog:
     links: list[tuple[str, float, str]] = dataclasses.field(default_factory=list)
     bootstrap: str = ""
     network: str = ""
+    collnet_plugin: str = ""  # the CollNet plugin NCCL loaded ("SHARP"), "" if none: then no CollNet
     devices: dict[int, str] = dataclasses.field(default_factory=dict)
     collectives: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)
     topology: list[TopoLink] = dataclasses.field(default_factory=list)
@@ -252,8 +253,11 @@ _PATTERNS = {
     "ring": re.compile(r"^Channel (\d+)/(\d+) :((?:\s+\d+)+)\s*$"),
     "conn": re.compile(r"^Channel (\d+)(?:/\d+)? : (\d+)\[[^\]]*\] -> (\d+)\[[^\]]*\]"
                        r"(?: \[(?:send|receive)\])? via (.+?)\s*$"),
-    "channels": re.compile(r"(\d+) coll channels, (\d+) collnet channels, (\d+) nvls channels, "
+    # The "collnet channels" slot is not read: NCCL's src/init.cc passes comm->nChannels for it too (recent
+    # versions), so it repeats the coll count whether or not CollNet exists. "collnet_plugin" says that.
+    "channels": re.compile(r"(\d+) coll channels, \d+ collnet channels, (\d+) nvls channels, "
                            r"(\d+) p2p channels, (\d+) p2p channels per peer"),
+    "collnet_plugin": re.compile(r"Loaded collnet plugin (.+?)(?: \(v\d+\))?\s*$"),
     "comm": re.compile(r"rank (\d+) nRanks (\d+)|rank (\d+) nranks (\d+) cudaDev (\d+) "
                        r"(?:nvmlDev \d+ )?busId (\w+)"),
     "link": re.compile(r"\+ (NVL|PCI|SYS|NET|C2C|NVS)\[([\d.]+)\] - (\S+)"),
@@ -332,12 +336,14 @@ def parse_nccl_log(text: str) -> NcclLog:
             log.connections.append(Connection(rank, int(p.group(1)), int(p.group(2)),
                                               int(p.group(3)), p.group(4)))
         elif p := _PATTERNS["channels"].search(body):
-            keys = ("coll", "collnet", "nvls", "p2p", "p2p_per_peer")
+            keys = ("coll", "nvls", "p2p", "p2p_per_peer")
             log.channels = dict(zip(keys, map(int, p.groups())))
         elif p := _PATTERNS["coll"].match(body):
             log.collectives.append((rank, p.group(1), int(p.group(3))))
         elif p := _PATTERNS["link"].search(body):
             log.links.append((p.group(1), float(p.group(2)), p.group(3)))
+        elif p := _PATTERNS["collnet_plugin"].search(body):
+            log.collnet_plugin = log.collnet_plugin or p.group(1)
         elif p := _PATTERNS["bootstrap"].search(body):
             log.bootstrap = log.bootstrap or p.group(1)
         elif p := _PATTERNS["network"].search(body):
@@ -382,8 +388,12 @@ def summarize_nccl(log: NcclLog) -> str:
              + (f", bootstrap over {log.bootstrap}" if log.bootstrap else "")]
     if log.channels:
         c = log.channels
-        lines.append(f"channels: {c['coll']} for collectives, {c['p2p']} for point-to-point, "
-                     f"{c['nvls']} NVLS, {c['collnet']} CollNet")
+        lines.append(f"channels: {c['coll']} for collectives, {c['p2p']} for point-to-point, {c['nvls']} NVLS")
+    if log.network:  # NCCL has chosen its network, so it has loaded its plugins: a CollNet one would show
+        collnet = (f"plugin {log.collnet_plugin} loaded (used with NCCL_COLLNET_ENABLE=1)" if log.collnet_plugin
+                   else "none (NCCL loaded no CollNet plugin)")
+        lines.append(f"network between nodes: {log.network}; CollNet (reductions inside the network switches): "
+                     f"{collnet}")
     if log.rings:
         orders = collections.Counter(" -> ".join(map(str, r + r[:1])) for r in log.rings.values())
         lines.append(f"rings: {len(log.rings)} channels; ring order(s): "

@@ -143,6 +143,11 @@ def test_verdict_helpers_follow_their_thresholds():
     assert claims.at_most("a", 0.6, 0.55, figure="x", true="YES", false="NO").verdict == "NO"
     assert claims.within("a", 1.3, 1.0, 0.25, figure="x").verdict == "FALSE"
     assert claims.within("a", 0.8, 1.0, 0.25, figure="x").verdict == "TRUE"
+    # the printed error is on the verdict's side of the printed tolerance, however close the two are
+    assert claims.within("a", 1.152, 1.0, 0.15, figure="x").rule == "TRUE if within 15.0% (off by 15.2%)"
+    assert claims.within("a", 1.07, 1.0, 0.10, figure="x").rule == "TRUE if within 10% (off by 7%)"
+    assert claims.percents(0.1500001, 0.15) == ("15.00001%", "15.00000%")
+    assert claims.percents(0.004, 0.0) == ("0.4%", "0.0%")   # never "off by 0%" beside a FALSE
     with pytest.raises(ValueError, match="non-finite"):
         claims.at_least("a", float("nan"), 1.0, figure="x")
     with pytest.raises(ValueError, match="unknown comparison"):

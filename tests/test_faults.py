@@ -463,7 +463,7 @@ def test_nccl_log_parser_on_the_line_formats():
     assert log.transports == {"P2P/CUMEM/read": 4}
     assert {(c.rank, c.channel, c.src, c.dst) for c in log.connections} == {
         (0, 0, 0, 1), (0, 1, 0, 1), (1, 0, 1, 0), (1, 1, 1, 0)}
-    assert log.channels == {"coll": 4, "collnet": 4, "nvls": 0, "p2p": 8, "p2p_per_peer": 8}
+    assert log.channels == {"coll": 4, "nvls": 0, "p2p": 8, "p2p_per_peer": 8}
     assert ("NVL", 370.8, "GPU/0-2a000") in log.links
     assert log.devices == {0: "cuda:0 busId 18000", 1: "cuda:1 busId 2a000"}
     assert log.collectives == [(0, "AllReduce", 262144), (1, "AllReduce", 262144), (0, "Broadcast", 262144)]

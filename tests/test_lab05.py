@@ -122,6 +122,26 @@ def test_the_recorded_2xh200_topology():
     assert topology.gpu_paths(log) and all(p.type == "NVL" for p in topology.gpu_paths(log))
 
 
+def test_the_collnet_slot_of_the_channel_line_is_not_read_as_collnet():
+    # the recorded 2xH200 line: NCCL's src/init.cc prints comm->nChannels in the "collnet channels" slot too
+    text = recorded.load("05_nccl_debug_info").data["log"]
+    line = next(ln for ln in text.splitlines() if "collnet channels" in ln)
+    assert "24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels" in line
+    log = debugging.parse_nccl_log(text)
+    assert log.channels == {"coll": 24, "nvls": 0, "p2p": 32, "p2p_per_peer": 32}
+    assert log.network == "Socket" and log.collnet_plugin == ""
+    summary = debugging.summarize_nccl(log)
+    assert "CollNet (reductions inside the network switches): none (NCCL loaded no CollNet plugin)" in summary
+    assert "24 CollNet" not in summary
+    # SYNTHETIC: what NCCL prints when a CollNet plugin is there (the SHARP plugin of nccl-rdma-sharp-plugins)
+    sharp = debugging.parse_nccl_log(line.replace("24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p "
+                                                  "channels, 32 p2p channels per peer",
+                                                  "NET/Plugin: Loaded collnet plugin SHARP (v8)")
+                                     + "\n" + line.replace(line[line.index("NCCL INFO") + 10:], "Using network IB"))
+    assert sharp.collnet_plugin == "SHARP"
+    assert "plugin SHARP loaded" in debugging.summarize_nccl(sharp)
+
+
 # ---------------------------------------------------------------- verdicts
 
 def test_verdicts_on_the_recordings():

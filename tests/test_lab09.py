@@ -399,6 +399,25 @@ def test_skew_verdict_judges_the_rise_only_above_the_noise(skew_ms, spread_ms, v
     assert "dispatch rise" in got.figure and "NOT RESOLVED if" in got.rule
 
 
+@pytest.mark.parametrize("ratio,verdict,shown", [
+    (1.1516, "FALSE", "within 15.0% (off by 15.2%)"),   # the 2xH200 busbw ratio: whole percents would say 15 and 15
+    (1.1496, "TRUE", "within 15% (off by 15%)"),        # inside: the rounded figure already agrees
+    (1.1504, "FALSE", "within 15.00% (off by 15.04%)"),  # just outside: as many decimals as it takes
+    (0.8496, "FALSE", "within 15.00% (off by 15.04%)"),  # the other side: the all-gather ahead
+])
+def test_a2a_off_by_figure_agrees_with_its_verdict(ratio, verdict, shown):
+    v = CLAIMS["09_a2a_sweep"](_a2a(ratio))[0]
+    assert v.verdict == verdict and v.rule.endswith(shown), v.line()
+
+
+def test_rise_verdict_prints_its_error_on_the_verdicts_side():
+    from labutils.labs.lab09_all_to_all.claims import rise_verdict
+    v = rise_verdict("c", 0.7498, 1.0, 0.01, figure="f")    # 25.02% below the predicted rise, 25% allowed
+    assert v.verdict == "FALSE" and v.rule.endswith("(off by 25.02%, allowed 25.00%)"), v.rule
+    v = rise_verdict("c", 0.7502, 1.0, 0.01, figure="f")
+    assert v.verdict == "TRUE" and v.rule.endswith("(off by 25%, allowed 25%)"), v.rule
+
+
 def test_rise_verdict_refuses_a_failed_measurement():
     from labutils.labs.lab09_all_to_all.claims import rise_verdict
     with pytest.raises(ValueError, match="non-finite"):

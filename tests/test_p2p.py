@@ -133,6 +133,7 @@ def test_harness_runs_variants_at_once_classifies_them_and_leaves_nothing(tmp_pa
     t0 = time.monotonic()
     runs = repro.start(script, {"ok": ("ok", {}), "hang": ("hang", {}), "blocked": ("blocked", {}),
                                 "crash": ("crash", {}), "env": ("env", {"MARK": "x"})}, timeout_s=4)
+    time.sleep(2)  # as in the notebook, other cells run before wait(): each run keeps its own end time
     result = runs.wait()
     assert time.monotonic() - t0 < 4 + 5
     v = result["variants"]
@@ -145,6 +146,7 @@ def test_harness_runs_variants_at_once_classifies_them_and_leaves_nothing(tmp_pa
     assert v["env"]["ranks"][1]["steps"][-1] == "COMPLETED x" and v["env"]["env"] == {"MARK": "x"}
     ports = {r["steps"][0].split()[3] for name in ("ok", "hang") for r in v[name]["ranks"]}
     assert len(ports) == 2  # one rendezvous port per variant
+    assert v["ok"]["elapsed_s"] < 1.5 <= 3.5 <= v["blocked"]["elapsed_s"], {n: r["elapsed_s"] for n, r in v.items()}
     assert runs.wait() is result
     assert repro.leftover_processes(script) == []
     table = repro.table(result)
@@ -174,6 +176,28 @@ def test_classify_prefers_a_crash_and_keeps_nccls_warning():
     exited = repro.classify([{"rc": 1, "killed": False, "stdout": "", "stderr": "Traceback\nValueError: bad\n"}], 9)
     assert exited["evidence"] == "rank 0 (exit code 1): ValueError: bad"
     assert repro.classify([{"rc": 0, "killed": False, "stdout": "rank 0: done\n", "stderr": ""}], 9)["status"] == "CRASH"
+
+
+def test_classify_finds_nccls_warning_on_stdout_and_keeps_it_out_of_the_steps():
+    # rank 1's standard output in the 2xH200 recording: NCCL writes its log there (NCCL_DEBUG_FILE unset)
+    stdout = ("rank 1: isend returned\n[2026-11-30 13:30:13] vm:1991:1991 [1] transport.cc:235 NCCL WARN Cuda "
+              "failure 'an illegal memory access was encountered'\n")
+    out = repro.classify([{"rc": -6, "killed": False, "stdout": "NCCL version 2.28.9+cuda13.0\n", "stderr": ""},
+                          {"rc": -6, "killed": False, "stdout": stdout, "stderr": ""}], 9)
+    assert out["nccl_warning"] == "NCCL WARN Cuda failure 'an illegal memory access was encountered'"
+    assert [r["steps"] for r in out["ranks"]] == [[], ["isend returned"]]
+
+
+def test_evidence_is_cut_at_words_and_says_so():
+    line = ("[rank0]:[E1130 13:30:13.000 ProcessGroupNCCL.cpp:2057] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+            "Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was "
+            "encountered " + "x" * 300)
+    out = repro.classify([{"rc": -6, "killed": False, "stdout": "", "stderr": line}], 9)
+    evidence = out["evidence"].split(": ", 1)[1]
+    assert evidence.startswith("… ") and evidence.endswith("encountered …"), evidence
+    assert all(word in line.split() for word in evidence.strip("… ").split()), evidence  # whole words only
+    assert repro.clip("hello world foo", 2, 9) == "… world …"
+    assert repro.clip("hello world", 0, 11) == "hello world" and repro.clip("hello world", 0, 7) == "hello …"
 
 
 # ---- the notebook's reproducer script --------------------------------------------------------------

@@ -433,11 +433,62 @@ claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data))
 # more than the tensor (a threshold of a tenth more leaves room for the counter's granularity and NCCL's
 # flags). The object path has about the same bytes to move — the pickle adds only a small header (the
 # "pickled bytes" column, and the NVLink counter where it exists) — yet it is slower because of what happens
-# *around* the transfer: a GPU → CPU copy and a pickle on the sender, a CPU → GPU copy, two collectives, a
-# GPU → CPU copy and an unpickle on every receiver (the second line: at least ten times slower counts as
-# "far more"). Note also where the unpickled
-# tensors land: on the GPU they were pickled from, so rank 0 ends up holding a tensor on its peer's GPU. Use
-# object collectives for small Python metadata only.
+# *around* the transfer (the second line: at least ten times slower counts as "far more"). Note also where
+# the unpickled tensors land: on the GPU they were pickled from, so rank 0 ends up holding a tensor on its
+# peer's GPU. Use object collectives for small Python metadata only.
+#
+# **Where the object path's time goes.** `all_gather_object(objs, t)` does, on every rank, in this order
+# (`torch/distributed/distributed_c10d.py`, `_object_to_tensor` and `_tensor_to_object`):
+# 1. pickle `t`: a CUDA tensor's storage is copied to the host (GPU → CPU) and serialised into a byte buffer;
+# 2. the bytes become a `ByteTensor` (a host copy) and are copied to this rank's GPU (CPU → GPU), with a
+#    one-element tensor holding their length;
+# 3. an all_gather of the lengths, then `.item()` on their maximum: the host waits for the GPU here;
+# 4. the byte tensor is padded to that maximum and all-gathered: this is the only step that moves the payload
+#    between GPUs, the same bytes as the tensor path;
+# 5. for **each** of the world-size results: copy to the host (GPU → CPU), turn into Python bytes (another
+#    host copy), unpickle — which rebuilds the tensor and copies it back to the GPU it was pickled on.
+#
+# Every step but 3 and 4 touches all the bytes once more, on the host or across PCIe, one after another, with
+# the host waiting on each; the tensor path touches them once, on the GPUs, in one NCCL kernel. The recording
+# timed two of those steps alone (pickle, unpickle), so the cell below can say how much of a call they
+# account for, and how the call's time grows with the bytes; the rest of a call — the copies between host
+# and GPU, the two collectives and the waits between them — the recording does not split, and the cell says
+# so rather than guess. It also times the host-only steps (1, 2 and 5 without the GPU) on this machine's CPU.
+
+# %% tags=["nbval-ignore-output"]
+import pickle
+
+from labutils import timing
+
+obj_world = OBJ.data.get("world_size", 2)
+print(f"object path per call, and what its pickle + {obj_world} unpickles (each timed alone) account for "
+      f"[{OBJ.label}]:")
+for r in rows:
+    serial_ms = r["pickle_ms"] + obj_world * r["unpickle_ms"]
+    print(f"  {bandwidth.format_size(r['size_bytes']):>7}: {r['object_ms']:8.2f} ms per call; pickle + "
+          f"{obj_world} x unpickle {serial_ms:7.2f} ms ({serial_ms / r['object_ms']:.0%}); not split by this "
+          f"recording {r['object_ms'] - serial_ms:7.2f} ms")
+lo, hi = rows[-2], rows[-1]
+extra_mib = (hi["size_bytes"] - lo["size_bytes"]) / 2**20
+print(f"from {bandwidth.format_size(lo['size_bytes'])} to {bandwidth.format_size(hi['size_bytes'])} per rank, each "
+      f"extra MiB costs {(hi['object_ms'] - lo['object_ms']) / extra_mib:.2f} ms on the object path and "
+      f"{(hi['tensor_ms'] - lo['tensor_ms']) / extra_mib:.4f} ms on the tensor path")
+
+
+def object_path_host_steps(t, world_size):
+    """all_gather_object's host work for one rank's tensor ``t`` (steps 1, 2 and 5), without GPUs."""
+    blob = pickle.dumps(t)                                       # 1. serialise
+    as_bytes = torch.frombuffer(bytearray(blob), dtype=torch.uint8)   # 2. bytes -> ByteTensor (a copy)
+    return [pickle.loads(as_bytes.numpy().tobytes()[:len(blob)])     # 5. per result: bytes, unpickle
+            for _ in range(world_size)]
+
+
+cpu_t = torch.zeros(OBJECT_SIZES[-1] // 4)
+host = timing.benchmark(lambda: object_path_host_steps(cpu_t, obj_world), warmup=1, repeat=5, device="cpu")
+alone = timing.benchmark(lambda: pickle.dumps(cpu_t), warmup=1, repeat=5, device="cpu")
+print(f"this machine's CPU, a {bandwidth.format_size(OBJECT_SIZES[-1])} CPU tensor: host steps of one call "
+      f"{host.median_ms:.2f} ms (pickle alone {alone.median_ms:.2f} ms); on GPUs the copies between host and "
+      "GPU come on top")
 
 # %% [markdown]
 # ## 4 · Partition balance (source §4.1)

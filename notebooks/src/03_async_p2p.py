@@ -252,11 +252,16 @@ print(f"source as written, gloo, 3 ranks -> {THREE['status']}: {THREE['message']
 # %% [markdown]
 # ### 1d · The exchange on GPUs: what happened, and why
 # The runs started in 1a, collected (live with 2 GPUs, else as recorded on 2×H200 by this same code).
-# `evidence` is the line that decided the outcome; `rank 0's steps` is how far rank 0's host got (a step
-# printed is a call that returned). With `NCCL_DEBUG` set, NCCL writes to a rank's standard output, so its
-# own lines (its version, its `NCCL WARN`s) show up among the steps; the `NCCL WARN` column holds what it
-# wrote to standard error. `seconds` counts from the start of the runs until this cell found each one
-# finished: they ran while 1b and 1c did, so every run that ended before shows the same time.
+# `evidence` is the line that decided the outcome (cut at whole words; `…` marks text left out);
+# `rank 0's steps` is how far rank 0's host got (a step printed is a call that returned). With `NCCL_DEBUG`
+# set, NCCL writes its log to a rank's standard output unless `NCCL_DEBUG_FILE` names a file, so its lines
+# (its version, its warnings) arrive among the script's steps: the harness takes them out of the steps, and
+# the `NCCL WARN` column shows the first `NCCL WARN` line of any rank, from either output. `seconds` is each
+# variant's own time, from the start of its processes to the exit of its last rank (a rank killed at the
+# timeout: until its kill); it includes starting Python, importing torch and creating the communicator.
+
+# %%
+pd.set_option("display.max_colwidth", None)   # tables show whole lines: a message cut short misleads
 
 # %% tags=["nbval-ignore-output"]
 EXCHANGE = recorded.live_or_recorded("03_exchange_variants", lambda: EXCHANGE_RUNS.wait(), gpus_needed=2)

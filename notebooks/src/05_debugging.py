@@ -501,11 +501,14 @@ claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
 # `NVS` is an **NVSwitch**: the GPUs' NVLinks do not go to each other but to the switch chips of the board,
 # which is why the path between the two GPUs has two hops. `0 NVLS` in the channel line of the summary: NVLink
 # SHARP (reductions inside the NVSwitch) is off when `NCCL_NVLS_ENABLE=0`, as the settings line shows on the
-# reference machine. The `CollNet` count beside it is not a sign of CollNet (reductions inside the network,
-# through a network plugin such as SHARP): NCCL's log line (`… coll channels, … collnet channels, …`) prints
-# the collective channel count in that slot too (in recent versions `src/init.cc` passes `comm->nChannels`
-# for both), so it repeats the first number. The network here is a socket on the loopback interface, which
-# has no CollNet.
+# reference machine. NCCL's channel line also has a `collnet channels` slot (`… coll channels, … collnet
+# channels, …`), but it is no CollNet count: recent versions of `src/init.cc` pass `comm->nChannels` for it
+# too, so it repeats the collective count whatever the machine, and the parser does not read it. CollNet
+# (reductions inside the network switches, e.g. InfiniBand SHARP) exists only where a network plugin provides
+# it: NCCL then logs `NET/Plugin: Loaded collnet plugin …`, and uses it only with `NCCL_COLLNET_ENABLE=1`.
+# The summary's CollNet line says whether the log holds such a line. The network NCCL chose is for traffic
+# between nodes (on the reference machine its built-in socket transport: the log shows its InfiniBand one
+# failing to initialize); the GPUs of one node talk through the channel connections above.
 #
 # The `COLL` lines are the cheapest mismatch detector there is: one line per call per rank, with the
 # operation and element count. Two ranks whose lists differ are two ranks that disagree.

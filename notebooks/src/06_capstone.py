@@ -351,15 +351,15 @@ if ALPHA is not None:
 #
 # The third verdict asks whether profiling changed the process: the same loop, timed again once the profiler
 # has stopped, against its time before. Its threshold is the benchmark's own: at most 15% more. Where it is
-# FALSE, the profiler has left a cost on every later eager call of these ranks, and an eager time measured
-# after this cell cannot be compared with section 3's. One candidate mechanism, from the sources:
-# `torch.profiler` reads the GPU's activity through CUPTI, and Kineto, its engine, detaches CUPTI when a
-# session ends only if the environment variable `TEARDOWN_CUPTI` is `1` (`libkineto/src/CuptiActivityApi.cpp`,
-# `cuptiTearDown_`); PyTorch issue #144455 reports work slowed after profiling had ended for that reason. This
-# lab does not switch it off, so it stays a candidate: the same cell in ranks started with `TEARDOWN_CUPTI=1`
-# would test it. Hence the rule for the rest of the lab: each comparison below says which eager time it uses —
-# section 3's, from ranks that had not been profiled yet, or one measured in the same ranks right before the
-# step it judges.
+# FALSE, eager calls timed after the profiler in these ranks cost more than before it, and an eager time
+# measured after this cell cannot be compared with section 3's. Why is not measured here. A candidate, from
+# the sources only: `torch.profiler` reads the GPU's activity through CUPTI, and Kineto, its engine, detaches
+# CUPTI when a session ends only if the environment variable `TEARDOWN_CUPTI` is `1`
+# (`libkineto/src/CuptiActivityApi.cpp`, `cuptiTearDown_`; PyTorch issue #144455 reports work slowed after
+# profiling for that reason). The same cell in ranks started with `TEARDOWN_CUPTI=1` would test it. Hence the
+# rule for the rest of the lab: a comparison times both of its sides in the same block, in turn, or says which
+# eager time it uses — section 3's, from ranks that had not been profiled yet, or one measured in the same
+# ranks right before the step it judges.
 #
 # ## 6 · CUDA graphs: launch once, replay many times
 #
@@ -377,9 +377,10 @@ if ALPHA is not None:
 #    (`python -m labutils bench --cuda-graph` says so and stops).
 #
 # The cell below times 50 all_reduces of 8 bytes launched eagerly, captures the same 50 and replays them, then
-# times the eager loop and the replay in turn. It uses `MAX`, so that replaying the captured calls many times
-# in place leaves a value that can be checked: the largest of `rank + 1`, the world size. It runs on GPUs
-# only.
+# times the eager loop and the replay **in turn, sample by sample, in one block** (`timing.benchmark_loops`):
+# the comparison the verdict makes, between two loops measured in the same ranks at the same moment. It uses
+# `MAX`, so that replaying the captured calls many times in place leaves a value that can be checked: the
+# largest of `rank + 1`, the world size. It runs on GPUs only.
 
 # %%
 def graph_all_reduce(rank, world_size, calls=50, replays=10):
@@ -411,6 +412,7 @@ def graph_all_reduce(rank, world_size, calls=50, replays=10):
     def replay(k):
         for _ in range(k):
             graph.replay()
+    # the verdict's numbers: eager and replay in turn, sample by sample, so both see the process as it is now
     t = timing.benchmark_loops({"eager": eager, "graph": replay}, warmup=1, iters=replays, repeat=5)
     return {"correct": correct, "eager_before_us": before.median_us / calls,
             "eager_us": t["eager"].median_us / calls, "graph_us": t["graph"].median_us / calls}
@@ -431,8 +433,9 @@ if CAPTURE is not None:
     per_call = {"eager, section 5, before the profiler (SUM, 100 calls a sample)": a.get("eager_us"),
                 "eager, section 5, after the profiler": a.get("eager_after_us"),
                 "eager, this cell, before the capture (MAX, 500 calls a sample)": c.get("eager_before_us"),
-                "eager, this cell, after the capture": c["eager_us"],
-                "replayed from the graph (MAX, 10 replays of 50 calls a sample)": c["graph_us"]}
+                "eager, this cell, after the capture, in turn with the replay": c["eager_us"],
+                "replayed from the graph, in turn with the eager loop (10 replays of 50 calls a sample)":
+                    c["graph_us"]}
     display(pd.Series({k: v for k, v in per_call.items() if v is not None}, name="µs per call").round(1).to_frame()
             .rename_axis(f"8-byte all_reduce, the same ranks in turn — {CAPTURE.label}"))
     print(f"replayed all_reduces right on every rank: {all(c['correct'])}")
@@ -441,24 +444,23 @@ if CAPTURE is not None:
     claims.show(V_CAPTURE)
 
 # %% [markdown]
-# "Worth its rules" means at least halving the time per call. The eager time it is judged against is this
-# cell's first measurement: the same `MAX` loop, in the same process, right before the capture — like with
-# like, with the capture the only step between the two. That time comes after section 5's profiler, so where
-# section 5's third verdict is FALSE it carries the profiler's leftover cost, and the graph's gain over it
-# is not its gain over a process that was never profiled. The table's first row is the same 8-byte all_reduce
-# launched eagerly before any profiler (a `SUM` loop of 100 calls a sample rather than this cell's `MAX` loop
-# of 500), to read the replay against as well.
+# "Worth its rules" means at least halving the time per call. The verdict compares the last two rows: the
+# eager loop and the replay, timed in turn in one block, so a drift of the machine touches both alike and
+# neither comes from another moment of the process. Both come after section 5's profiler and after this
+# cell's capture; what each of those steps did to an eager call is not assumed but read from the table,
+# which lists every eager time of these ranks in the order they were measured, with one step between each
+# pair: the profiler (first row to second) and the capture (third row to fourth). Section 5's third verdict
+# and this cell's third judge the two steps with the benchmark's threshold (at most 15% more). Where one is
+# FALSE, the eager side of this comparison carries that cost, and the graph's gain printed here is its gain
+# in a process that has gone through that step, larger than in a fresh one; the first row (the same 8-byte
+# all_reduce before any profiler or capture, a `SUM` loop of 100 calls a sample rather than this `MAX` loop
+# of 500) is the eager time of these ranks before either step.
 #
-# The table lists every eager time of these ranks in the order they were measured, with one step between
-# each pair: the profiler (first row to second) and the capture (third row to fourth). The third verdict
-# judges the capture, with the benchmark's threshold: at most 15% more. Where it is FALSE, the capture has
-# left a cost of its own on later eager calls, on top of the profiler's. One candidate mechanism, from
-# NCCL's source: once a communicator has captured a collective, NCCL keeps later eager launches ordered with
-# the graph's — with `NCCL_GRAPH_MIXING_SUPPORT=1`, the default, each eager launch first waits for an event
-# and records it after (`src/misc/strongstream.cc`, `ncclStrongStreamAcquire` / `Release`, once `everCaptured`
-# is set), two more CUDA calls per launch. The measurements tell the two steps apart, since each is timed
-# before and after, but not their mechanisms: both candidates are read from source, and neither was switched
-# off here. The same cells with `TEARDOWN_CUPTI=1`, and with `NCCL_GRAPH_MIXING_SUPPORT=0`, would test each.
+# Why a capture would change later eager calls is not measured here either. A candidate, from NCCL's source
+# only: once a communicator has captured a collective, NCCL orders later eager launches with the graph's —
+# with `NCCL_GRAPH_MIXING_SUPPORT=1`, the default, each eager launch waits for an event and records one
+# (`src/misc/strongstream.cc`, `ncclStrongStreamAcquire` / `Release`, once `everCaptured` is set). The same
+# cells with `NCCL_GRAPH_MIXING_SUPPORT=0` would test it.
 #
 # The benchmark does the same for every collective and size with `-G N` (nccl-tests' `--cudagraph`): each
 # point's `iters` calls are captured once and replayed N times per sample, and the results are checked after
@@ -802,8 +804,8 @@ claims.table(VERDICTS)
 # * Measuring can change the process measured: sections 5 and 6 time the same eager call before and after the
 #   profiler, and before and after a capture, and their verdicts say whether each step left a cost on later
 #   eager calls (candidate mechanisms: CUPTI left attached, NCCL's ordering of eager launches after a capture).
-#   So every comparison names the eager time it uses — from ranks before either step, or from right before
-#   the step it judges.
+#   So a comparison times both its sides in turn in one block, or names the eager time it uses — from ranks
+#   before either step, or from right before the step it judges.
 # * A link that carries both directions at once does not make an exchange free: each rank issues two
 #   operations, and NCCL splits each block's warps between them, on a number of channels that grows with the
 #   message. Whether both ways costs more than one way depends on the size — section 7's verdicts say where.

@@ -199,11 +199,11 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
 # verdict tests the naive expectation — same bytes per link, so same busbw — with a 15% margin, well above the
 # run-to-run spread lab 02 printed for large calls on this link. Its rule is strict and two-sided: it divides
 # the all-to-all's busbw by the all-gather's and is TRUE only if that ratio, unrounded, lies between 0.85 and
-# 1.15 — whichever call is ahead. Its figure rounds: busbw to whole GB/s and "off by" to a whole percent, so
-# a ratio of 1.154 prints "off by 15%" and is FALSE, and one of 1.146 prints the same and is TRUE. Read the
-# figure for which call is ahead (on the 2×H200 that recorded this notebook, the all-to-all) and the verdict
-# for which side of the line the ratio fell. When it is FALSE with the all-to-all ahead, the cause is the one
-# given before the measurement: on two GPUs joined by NVLink the link is not what limits
+# 1.15 — whichever call is ahead. Its figure rounds busbw to whole GB/s and says which call is ahead; its
+# rule prints "off by" and the margin with as many decimals as it takes to show on which side of the margin
+# the unrounded ratio fell, so the two percentages printed agree with the verdict beside them. When it is
+# FALSE with the all-to-all ahead, the cause is the one given before the measurement: on two GPUs joined by
+# NVLink the link is not what limits
 # either call, so each reaches what its NCCL kernel and channels reach, and the all-to-all runs on the
 # point-to-point path that lab 02 found faster than the all-gather with NCCL's default channels. Busbw counts
 # the same bytes for both; it does not say that the same machinery moves them. To compare collectives on a
@@ -968,7 +968,7 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 #   does not check — so exchange the counts first. Its busbw factor is (n − 1)/n, all-gather's, but NCCL
 #   runs it as point-to-point sends and receives: the same bytes per link, moved by a different kernel on
 #   different channels, so the two need not reach the same busbw. The verdict that compares them is strict
-#   and two-sided, and its "off by" is rounded: its figure says which one is ahead.
+#   and two-sided: its figure says which one is ahead, its "off by" on which side of the margin it fell.
 # * Expert parallelism is dispatch and combine: two uneven all-to-alls, whose backward is the same exchange
 #   with the splits swapped. A dispatch costs its bookkeeping — sort, counts, their exchange, and the wait
 #   for the GPU that uneven sizes bring, because the CPU must know the split sizes before it calls

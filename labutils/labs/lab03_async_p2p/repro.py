@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -34,6 +35,9 @@ COMPLETED, HANG, CRASH = "COMPLETED", "HANG", "CRASH"
 NOT_RECORDED = "NOT RECORDED"  # a placeholder recording: no GPU run yet (LABUTILS_RECORD=1 on 2 GPUs makes one)
 # lines that say what went wrong, most telling first: CUDA's error, NCCL's own warning, a Python exception
 _ERROR_PATTERNS = (r"illegal memory access", r"NCCL WARN", r"\w+Error\b.*", r"[Ee]rror", r"[Aa]bort")
+# NCCL's own log lines ("NCCL version ...", "host:pid:tid [dev] file:line NCCL WARN ..."): NCCL writes them to
+# standard output unless NCCL_DEBUG_FILE says otherwise, among the script's steps
+_NCCL_LINE = re.compile(r"\bNCCL (?:WARN|INFO|TRACE|version)\b")
 
 
 def _rank_env(rank: int, world_size: int, port: int, extra: dict) -> dict:
@@ -46,6 +50,12 @@ def _rank_env(rank: int, world_size: int, port: int, extra: dict) -> dict:
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def _note_exit(proc: subprocess.Popen, ended_at: dict) -> None:
+    """Wait for ``proc`` (in a thread) and note when it exited."""
+    proc.wait()
+    ended_at[proc.pid] = time.monotonic()
 
 
 def _kill(procs: list, files: list) -> None:  # weakref.finalize: must not refer to the Runs object
@@ -62,6 +72,8 @@ class Runs:
         self.variants = {name: (arg, dict(extra)) for name, (arg, extra) in variants.items()}
         self._dir = Path(tempfile.mkdtemp(prefix="labutils-repro-"))
         self._procs: dict[str, list] = {}
+        self._started_at: dict[str, float] = {}     # each variant's own start, for its own elapsed_s
+        self._ended_at: dict[int, float] = {}       # pid -> when it exited, written by the watcher threads
         self._all: list = []
         self._files: list = []
         self._result: dict | None = None
@@ -70,6 +82,7 @@ class Runs:
         try:
             for k, (name, (arg, extra)) in enumerate(self.variants.items()):
                 port, self._procs[name] = free_loopback_port(), []
+                self._started_at[name] = time.monotonic()
                 for r in range(world_size):
                     paths = (self._dir / f"{k}-{r}.out", self._dir / f"{k}-{r}.err")
                     self._files += [open(path, "wb") for path in paths]
@@ -79,6 +92,8 @@ class Runs:
                                          start_new_session=True, close_fds=True)
                     self._procs[name].append((p, paths))
                     self._all.append(p)
+                    # a run's end is seen when it happens, not when wait() is called (maybe much later)
+                    threading.Thread(target=_note_exit, args=(p, self._ended_at), daemon=True).start()
         except BaseException:
             self._finalizer()
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -94,17 +109,11 @@ class Runs:
         if self._result is not None:
             return self._result
         deadline = self.started_at + self.timeout_s
-        ended_at: dict = {}
+        ended = self._ended_at
         try:
-            while True:
-                now = time.monotonic()
-                for name, procs in self._procs.items():
-                    if name not in ended_at and all(p.poll() is not None for p, _ in procs):
-                        ended_at[name] = now
-                if len(ended_at) == len(self._procs) or now >= deadline:
-                    break
+            while len(ended) < len(self._all) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            killed = {name: [p.poll() is None for p, _ in procs] for name, procs in self._procs.items()}
+            killed = {name: [p.pid not in ended and p.returncode is None for p, _ in procs] for name, procs in self._procs.items()}
         finally:
             self._finalizer()  # kills what is left, reaps every process, closes the files
         try:
@@ -114,8 +123,9 @@ class Runs:
                           "stderr": paths[1].read_text(errors="replace")}
                          for (p, paths), hung in zip(procs, killed[name])]
                 arg, extra = self.variants[name]
-                elapsed = ended_at.get(name, time.monotonic()) - self.started_at
-                out[name] = {"arg": arg, "env": extra, "elapsed_s": round(elapsed, 1),
+                # from this variant's first Popen to the exit of its last rank (a killed rank: its kill)
+                last = max(ended.get(p.pid, time.monotonic()) for p, _ in procs)
+                out[name] = {"arg": arg, "env": extra, "elapsed_s": round(last - self._started_at[name], 1),
                              **classify(ranks, self.timeout_s)}
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -156,20 +166,46 @@ def _signal_name(rc) -> str:
         return f"signal {-rc}"
 
 
+def clip(line: str, start: int = 0, stop: int | None = None) -> str:
+    """``line[start:stop]`` widened or narrowed to whole words, with "…" where text was left out.
+
+    The start moves forward to the beginning of a word and the end back to the end of one, so no word
+    is cut; a slice with no whole word in it keeps the words it touches."""
+    line = line.strip()
+    stop = len(line) if stop is None else min(stop, len(line))
+    start = max(0, start)
+    if start >= stop:
+        return ""
+    if start > 0 and not line[start - 1].isspace():
+        nxt = line.find(" ", start)
+        start = nxt + 1 if 0 <= nxt < stop else line.rfind(" ", 0, start) + 1
+    if stop < len(line) and not line[stop].isspace():
+        prev = line.rfind(" ", start, stop)
+        stop = prev if prev > start else (line.find(" ", stop) if line.find(" ", stop) >= 0 else len(line))
+    return ("… " if start > 0 else "") + line[start:stop].strip() + (" …" if stop < len(line) else "")
+
+
 def _error_line(text: str) -> str:
-    """The most telling line of a crashed rank's output (see ``_ERROR_PATTERNS``), shortened."""
+    """The most telling line of a crashed rank's output (see ``_ERROR_PATTERNS``), shortened at words."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for pattern in _ERROR_PATTERNS:
         for ln in lines:
             m = re.search(pattern, ln)
             if m:
-                return ln[max(0, m.start() - 60): m.start() + 160].strip()
-    return lines[-1][:200] if lines else ""
+                return clip(ln, m.start() - 60, m.start() + 160)
+    return clip(lines[-1], 0, 200) if lines else ""
+
+
+def _nccl_warning(text: str) -> str:
+    """NCCL's first ``NCCL WARN`` line in ``text`` (from the words "NCCL WARN" on), shortened at words."""
+    line = next((ln for ln in text.splitlines() if "NCCL WARN" in ln), "")
+    return clip(line[line.find("NCCL WARN"):], 0, 200) if line else ""
 
 
 def _steps(stdout: str) -> list[str]:
+    """What the script printed, one step a line, without its "rank N:" prefix and without NCCL's own lines."""
     return [ln.split(":", 1)[1].strip() if ln.startswith("rank ") and ":" in ln else ln.strip()
-            for ln in stdout.splitlines() if ln.strip()]
+            for ln in stdout.splitlines() if ln.strip() and not _NCCL_LINE.search(ln)]
 
 
 def classify(ranks: list[dict], timeout_s: float) -> dict:
@@ -182,16 +218,16 @@ def classify(ranks: list[dict], timeout_s: float) -> dict:
 
     Returns:
         ``{"status", "evidence", "nccl_warning", "ranks": [{"outcome", "steps", "rc"}]}``; ``evidence`` is
-        the line that decides the status, ``nccl_warning`` NCCL's own ``NCCL WARN`` line if any rank printed
-        one ('' otherwise).
+        the line that decides the status, ``nccl_warning`` NCCL's first ``NCCL WARN`` line, from the first
+        rank that printed one on standard output (NCCL's default) or standard error ('' if none did);
+        ``steps`` are the script's own lines (NCCL's are left out).
     """
     per_rank, evidence = [], {CRASH: "", HANG: "", COMPLETED: ""}
     warning = ""
     for r, info in enumerate(ranks):
         steps = _steps(info.get("stdout", ""))
         text = info.get("stdout", "") + "\n" + info.get("stderr", "")
-        warn = next((ln.strip() for ln in info.get("stderr", "").splitlines() if "NCCL WARN" in ln), "")
-        warning = warning or warn[warn.find("NCCL WARN"):][:200]
+        warning = warning or _nccl_warning(text)  # stdout first: where NCCL writes by default
         rc, hung_line = info.get("rc"), next((s for s in steps if s.startswith(HANG)), "")
         if rc == 0 and any(s.startswith(COMPLETED) for s in steps):
             outcome, why = COMPLETED, f"rank {r}: {steps[-1]}"
@@ -212,7 +248,8 @@ def classify(ranks: list[dict], timeout_s: float) -> dict:
 
 def table(result: dict):
     """``wait()``'s result (live or recorded) as a DataFrame: one row per variant -- its outcome, the line
-    that decided it, NCCL's own warning, and how far rank 0 got."""
+    that decided it, NCCL's first own warning, how far rank 0 got, and the seconds from the variant's start
+    to the end of its last rank."""
     import pandas as pd
     rows = {name: {"outcome": v["status"], "evidence": v["evidence"], "NCCL WARN": v.get("nccl_warning", ""),
                    "rank 0's steps": " -> ".join(v["ranks"][0]["steps"]) if v.get("ranks") else "",

@@ -71,7 +71,8 @@ def rise_verdict(claim: str, measured_ms: float, predicted_ms: float, spread_ms:
         return claims.Verdict(claim, figure, rule, NOT_RESOLVED)
     tol = max(RISE_TOLERANCE, spread_ms / predicted_ms)
     err = abs(measured_ms / predicted_ms - 1.0)
-    return claims.Verdict(claim, figure, f"{rule} (off by {err:.0%}, allowed {tol:.0%})",
+    shown_err, shown_tol = claims.percents(err, tol)  # as many decimals as keep them on the verdict's side
+    return claims.Verdict(claim, figure, f"{rule} (off by {shown_err}, allowed {shown_tol})",
                           claims.TRUE if err <= tol else claims.FALSE)
 
 
