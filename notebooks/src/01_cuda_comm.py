@@ -19,6 +19,7 @@
 
 # %% tags=["nbval-ignore-output"]
 import math
+import os
 import warnings
 
 import pandas as pd
@@ -307,7 +308,7 @@ else:
     with profile(activities=[ProfilerActivity.CPU]) as cpu_prof:
         (a0 + b0).sum()
     cpu_prof.export_chrome_trace(str(trace))
-print(f"trace: {trace} ({trace.stat().st_size / 1e3:.0f} kB)")
+print(f"trace: {os.path.relpath(trace)} ({trace.stat().st_size / 1e3:.0f} kB), beside this notebook")
 
 # %% [markdown]
 # **Which kernels run.** NCCL calls show up as `ncclDevKernel_…` kernels on every GPU involved;

@@ -21,11 +21,13 @@
 
 # %% [markdown]
 # ## Setup
-# The first cell starts the ranks every part of the lab uses (one `RankPool`: NCCL with one GPU per rank, or
-# gloo on CPU) and, while they start, describes the machine; its output depends on the hardware.
+# The first cell starts the ranks the lab measures with (one `RankPool`: NCCL with one GPU per rank, or gloo on
+# CPU; section 5 profiles in ranks of its own) and, while they start, describes the machine; its output
+# depends on the hardware.
 
 # %% tags=["nbval-ignore-output"]
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -284,7 +286,9 @@ pd.DataFrame(rows).set_index("collective").rename_axis(SWEEP.label)
 # includes the time it waited for the last one. The function below measures, on each rank, the per-call time
 # back to back (no profiler), the host's time to issue one call (`perf_counter`, no synchronisation, no
 # profiler), under the profiler the CPU op and the NCCL kernel of each call — and, once the profiler has
-# stopped, the per-call time back to back again.
+# stopped, the per-call time back to back again. It runs on ranks started for it alone (a second `RankPool`,
+# closed right after): a profiler can leave a cost behind in the process that ran it — the third verdict below
+# measures whether it did — and `POOL`, which times every other section, is never profiled.
 #
 # **Predict** what share of an 8-byte all_reduce's time is NCCL's kernel:
 
@@ -319,8 +323,12 @@ def profile_small_all_reduce(rank, world_size, trace_dir, calls=30):
 
 
 # %% tags=["nbval-ignore-output"]
-ALPHA = measurement("06_alpha_split", lambda: {
-    "size_bytes": 8, "ranks": POOL.run(profile_small_all_reduce, str(TRACES), timeout=120)})
+def profile_in_ranks_of_its_own():
+    with labutils.RankPool(backend=BACKEND, output="quiet") as profiled:   # closed when the block ends
+        return profiled.run(profile_small_all_reduce, str(TRACES), timeout=120)
+
+
+ALPHA = measurement("06_alpha_split", lambda: {"size_bytes": 8, "ranks": profile_in_ranks_of_its_own()})
 if ALPHA is not None:
     a = lab_analysis.alpha_split(ALPHA.data["ranks"])
     split = {"per call, back to back (GPU's clock)": a["eager_us"],
@@ -337,13 +345,12 @@ if ALPHA is not None:
     VERDICTS += V_ALPHA
     claims.show(V_ALPHA)
     if ALPHA.live:
-        print(f"traces for Perfetto (ui.perfetto.dev): {TRACES}/06_all_reduce_8B_rank*.json")
+        print(f"traces for Perfetto (ui.perfetto.dev): {os.path.relpath(TRACES)}/06_all_reduce_8B_rank*.json")
 
 # %% [markdown]
 # The thresholds: "a small part" is at most a quarter of the call, and "at the host's pace" means that issuing
 # a call takes at least 80% of the time a call takes. Both verdicts use the times measured before the profiler
-# started (the table's first two rows), in ranks that had run nothing but section 2's check and section 3's
-# sweep. In the trace (the files above, in Perfetto) the host's lane shows one `c10d::allreduce_` per call; the
+# started (the table's first two rows), in fresh ranks. In the trace (the files above, in Perfetto) the host's lane shows one `c10d::allreduce_` per call; the
 # GPU's lane shows each call's NCCL kernel — short on the rank that launched last, longer on a rank that
 # launched earlier and waited — and, between kernels, the time the GPU sat idle until the next launch. Where
 # the first two verdicts are TRUE, α of a small message is the host's cost of a call rather than a property of
@@ -352,14 +359,14 @@ if ALPHA is not None:
 # The third verdict asks whether profiling changed the process: the same loop, timed again once the profiler
 # has stopped, against its time before. Its threshold is the benchmark's own: at most 15% more. Where it is
 # FALSE, eager calls timed after the profiler in these ranks cost more than before it, and an eager time
-# measured after this cell cannot be compared with section 3's. Why is not measured here. A candidate, from
+# measured after a profiler ran in the same process cannot be compared with one measured before — which is
+# why the profiler ran in ranks of its own. Why is not measured here. A candidate, from
 # the sources only: `torch.profiler` reads the GPU's activity through CUPTI, and Kineto, its engine, detaches
 # CUPTI when a session ends only if the environment variable `TEARDOWN_CUPTI` is `1`
 # (`libkineto/src/CuptiActivityApi.cpp`, `cuptiTearDown_`; PyTorch issue #144455 reports work slowed after
-# profiling for that reason). The same cell in ranks started with `TEARDOWN_CUPTI=1` would test it. Hence the
-# rule for the rest of the lab: a comparison times both of its sides in the same block, in turn, or says which
-# eager time it uses — section 3's, from ranks that had not been profiled yet, or one measured in the same
-# ranks right before the step it judges.
+# profiling for that reason). The same cell in ranks started with `TEARDOWN_CUPTI=1` would test it. The rule
+# for the rest of the lab: a comparison times both of its sides in the same block, in turn, or says which
+# eager time it uses.
 #
 # ## 6 · CUDA graphs: launch once, replay many times
 #
@@ -429,11 +436,8 @@ def measure_graph_capture():
 CAPTURE = measurement("06_graph_capture", measure_graph_capture)
 if CAPTURE is not None:
     c = CAPTURE.data
-    a = lab_analysis.alpha_split(ALPHA.data["ranks"]) if ALPHA is not None else {}
-    per_call = {"eager, section 5, before the profiler (SUM, 100 calls a sample)": a.get("eager_us"),
-                "eager, section 5, after the profiler": a.get("eager_after_us"),
-                "eager, this cell, before the capture (MAX, 500 calls a sample)": c.get("eager_before_us"),
-                "eager, this cell, after the capture, in turn with the replay": c["eager_us"],
+    per_call = {"eager, before the capture (MAX, 500 calls a sample)": c.get("eager_before_us"),
+                "eager, after the capture, in turn with the replay": c["eager_us"],
                 "replayed from the graph, in turn with the eager loop (10 replays of 50 calls a sample)":
                     c["graph_us"]}
     display(pd.Series({k: v for k, v in per_call.items() if v is not None}, name="µs per call").round(1).to_frame()
@@ -446,15 +450,11 @@ if CAPTURE is not None:
 # %% [markdown]
 # "Worth its rules" means at least halving the time per call. The verdict compares the last two rows: the
 # eager loop and the replay, timed in turn in one block, so a drift of the machine touches both alike and
-# neither comes from another moment of the process. Both come after section 5's profiler and after this
-# cell's capture; what each of those steps did to an eager call is not assumed but read from the table,
-# which lists every eager time of these ranks in the order they were measured, with one step between each
-# pair: the profiler (first row to second) and the capture (third row to fourth). Section 5's third verdict
-# and this cell's third judge the two steps with the benchmark's threshold (at most 15% more). Where one is
-# FALSE, the eager side of this comparison carries that cost, and the graph's gain printed here is its gain
-# in a process that has gone through that step, larger than in a fresh one; the first row (the same 8-byte
-# all_reduce before any profiler or capture, a `SUM` loop of 100 calls a sample rather than this `MAX` loop
-# of 500) is the eager time of these ranks before either step.
+# neither comes from another moment of the process. Both come after this cell's capture; what the capture did
+# to an eager call is not assumed but read from the table, whose first row is the same loop in the same ranks
+# before it. This cell's third verdict judges that step with the benchmark's threshold (at most 15% more).
+# Where it is FALSE, the eager side of this comparison carries that cost, and the graph's gain printed here is
+# its gain in a process that has captured, larger than in a fresh one.
 #
 # Why a capture would change later eager calls is not measured here either. A candidate, from NCCL's source
 # only: once a communicator has captured a collective, NCCL orders later eager launches with the graph's —
@@ -467,10 +467,10 @@ if CAPTURE is not None:
 # replaying a captured call. Here a graph sweep of all_reduce and the two send/recv forms, 8 B to 128 MiB —
 # section 8 fits the device's time per call from it; the header says what a time is, and the two latency
 # lines put the eager and the replayed 8-byte all_reduce side by side. This sweep runs in the same ranks,
-# after the profiler and the capture, so its eager line is measured after both steps: where the verdicts
-# above are FALSE it carries both leftover costs, and its difference from the replayed line is larger than
-# the host's launch of a call in a fresh process. For that launch, set section 3's latency line (the same call
-# in these ranks before any profiler or capture) against the replayed line here, or read
+# after the capture (and never under a profiler), so its eager line is measured after that step: where the
+# capture verdict above is FALSE it carries that cost, and its difference from the replayed line is larger
+# than the host's launch of a call in a fresh process. For that launch, set section 3's latency line (the same
+# call in these ranks before the capture) against the replayed line here, or read
 # `benchmarks/bench_graph_2xH200.txt`, where `python -m labutils bench -G` measured both lines in fresh ranks.
 # What the replay keeps is the device's time per call — the kernel, and the graph's own launch of it; the same
 # file has the replayed times of fresh ranks to compare with.
@@ -489,8 +489,8 @@ if GRAPH is not None:
 
 # %% [markdown]
 # The threshold for the replayed 8-byte all_reduce is the goal set for the benchmark: at most 15 µs. <!-- not measured: a goal -->
-# The eager time printed beside it in the verdict is this sweep's eager line, measured after the profiler and
-# the capture (above). Eager numbers are what a training loop that launches its collectives one by one pays;
+# The eager time printed beside it in the verdict is this sweep's eager line, measured after the capture
+# (above). Eager numbers are what a training loop that launches its collectives one by one pays;
 # graph numbers are what a loop that captures its step pays (as CUDA-graph training does), and the floor
 # that a cheaper host could reach.
 #
@@ -512,10 +512,9 @@ my_prediction_ratio_large = None   # ✍ the same at 1 GiB
 # `-b 64M -e 1G -f 2 --collectives send_recv,send_one_way --no-bare`, less the 8-byte latency line — on ≥ 2
 # GPUs (up to 256 MiB where a GPU has less than 24 GiB: the sweep holds about five times its largest size per
 # rank); elsewhere the recording this cell made on 2×H200, labelled. Its eager calls run in the same ranks
-# after the profiler and the capture. Both candidate mechanisms of sections 5 and 6 add work to issuing each
-# eager launch, and such a cost shows in a time per call only where the host, not the GPU, sets the pace. Two
-# cross-checks are in the outputs: this sweep and section 3's (before any profiler or capture) share 128 MiB
-# and 512 MiB, and section 6's CUDA-graph sweep, which issues no eager launch per call, has both forms at
+# after the capture. The candidate mechanism of section 6 adds work to issuing each eager launch, and such a
+# cost shows in a time per call only where the host, not the GPU, sets the pace. Two cross-checks are in the
+# outputs: this sweep and section 3's (before the capture) share 128 MiB and 512 MiB, and section 6's CUDA-graph sweep, which issues no eager launch per call, has both forms at
 # 128 MiB.
 
 # %% tags=["nbval-ignore-output"]
@@ -530,8 +529,8 @@ if DUPLEX is not None:
           f"{DUPLEX.data['elapsed_s']:.1f} s   [{DUPLEX.label}]")
 
 # %% [markdown]
-# The first table takes the small and middle sizes from the sweeps of sections 3 (eager, in ranks before any
-# profiler or capture, so its ratios carry neither leftover cost) and 6 (CUDA graph); the second, the large
+# The first table takes the small and middle sizes from the sweeps of sections 3 (eager, in ranks before the
+# capture, so its ratios carry no leftover cost) and 6 (CUDA graph); the second, the large
 # sizes from the cell above, with the number of channels NCCL gives each message by the rule its source uses
 # (explained below) where this machine's NCCL start-up log is recorded (lab 05).
 
@@ -656,8 +655,8 @@ check.send_one_way(send_one_way, POOL)
 # Lab 02 (tensor-parallel MLP) and lab 04 (pipeline) recorded the communication of their training steps: per
 # op the collective, its size S (as in the table), how many times per step, the time one call took there
 # (`measured_ms`) and the step time. The prediction of one call is the fit's α + S/β — with the fit of the
-# **same kind of transfer**. The eager fits are section 4's, from section 3's sweep: ranks that had run no
-# profiler and captured nothing yet, so the leftover costs of sections 5 and 6 are in none of them.
+# **same kind of transfer**. The eager fits are section 4's, from section 3's sweep: ranks that were never
+# profiled and had captured nothing yet, so no leftover cost is in them.
 #
 # **Lab 04** sends activations from stage i to stage i+1 and gradients back, at different times: every
 # message goes one way. Lab 04 timed each of its messages on its own ranks, at the sizes its step sends: a
@@ -701,7 +700,7 @@ if "04" in LABS:
 # last one. Lab 02 records both: `measured_ms` (the longest kernel: transfer + waiting) and `kernel_ms` (the
 # transfer). Neither includes the host's launch, so the fit to predict them with is the one without it: the
 # CUDA-graph sweep's (section 6) — the device's time per call. That sweep ran in these ranks after the
-# profiler and the capture; its replays issue no eager launch per call, and
+# capture; its replays issue no eager launch per call, and
 # `benchmarks/bench_graph_2xH200.txt` has the same mode in fresh ranks to compare with. The eager fit (section
 # 3's sweep) is shown beside it; its α contains the host's launch (section 5), which a kernel time does not.
 
@@ -742,7 +741,7 @@ if "02" in LABS:
 # ## 9 · What to use when — from your numbers
 #
 # Several goals can be reached with different collectives. The table times each option from section 3's
-# sweep (eager, in ranks before any profiler or capture; log-log interpolation between measured sizes) at a
+# sweep (eager, in ranks before the capture and never profiled; log-log interpolation between measured sizes) at a
 # small and a large S and names the faster one.
 
 # %% tags=["nbval-ignore-output"]
@@ -804,16 +803,16 @@ claims.table(VERDICTS)
 # * Measuring can change the process measured: sections 5 and 6 time the same eager call before and after the
 #   profiler, and before and after a capture, and their verdicts say whether each step left a cost on later
 #   eager calls (candidate mechanisms: CUPTI left attached, NCCL's ordering of eager launches after a capture).
-#   So a comparison times both its sides in turn in one block, or names the eager time it uses — from ranks
-#   before either step, or from right before the step it judges.
+#   So the profiler runs in ranks of its own, and a comparison times both its sides in turn in one block, or
+#   names the eager time it uses.
 # * A link that carries both directions at once does not make an exchange free: each rank issues two
 #   operations, and NCCL splits each block's warps between them, on a number of channels that grows with the
 #   message. Whether both ways costs more than one way depends on the size — section 7's verdicts say where.
 # * Predict a transfer with the fit of the same kind of transfer (one way or both ways); inside a step, compare
 #   the benchmark with the transfer, and read the launch gaps and the waiting for other ranks in a trace.
 #
-# **Next:** lab 07 keeps ranks alive between cells (`RankPool`, `%%ranks`) — the pool this lab used for every
-# measurement — and what a warm rank keeps from one cell to the next, of which the profiler and the capture
+# **Next:** lab 07 keeps ranks alive between cells (`RankPool`, `%%ranks`) — the pool this lab used for its
+# measurements — and what a warm rank keeps from one cell to the next, of which the profiler and the capture
 # above were two examples.
 
 # %%

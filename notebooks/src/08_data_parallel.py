@@ -31,6 +31,7 @@
 # %% tags=["nbval-ignore-output"]
 import contextlib
 import functools
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -356,7 +357,7 @@ for label in ("best", "one bucket"):
               f"{t['compute_ms']:.1f} ms, NCCL kernels {t['comm_ms']:.1f} ms of which {t['overlap_fraction']:.0%} "
               f"beside compute, tail {tail}")
     if DDP_M.live:
-        print("  trace files: " + ", ".join(str(TRACES / t["file"]) for t in per_rank if t["file"]))
+        print("  trace files: " + ", ".join(os.path.relpath(TRACES / t["file"]) for t in per_rank if t["file"]))
     display(plots.timeline_plot([s for t in per_rank for s in t["spans"]],
                                 title=f"DDP, {label} ({where}), {t0['steps']} step(s), CUDA activity only — {DDP_M.label}"))
 cost = overlap.profiler_cost(D)
