@@ -464,8 +464,10 @@ if CAPTURE is not None:
 #
 # The benchmark does the same for every collective and size with `-G N` (nccl-tests' `--cudagraph`): each
 # point's `iters` calls are captured once and replayed N times per sample, and the results are checked after
-# replaying a captured call. Here a graph sweep of all_reduce and the two send/recv forms, 8 B to 128 MiB —
-# section 8 fits the device's time per call from it; the header says what a time is, and the two latency
+# replaying a captured call. Here a graph sweep of all_reduce and the two send/recv forms, 8 B to 128 MiB, with
+# the settings of the benchmark's recorded graph run (`-G 20`, five samples a point: a sample's one-off costs,
+# its two events and the first replay, spread over 20 replays of `iters` calls) — section 8 fits the device's
+# time per call from it; the header says what a time is, and the two latency
 # lines put the eager and the replayed 8-byte all_reduce side by side. This sweep runs in the same ranks,
 # after the capture (and never under a profiler), so its eager line is measured after that step: where the
 # capture verdict above is FALSE it carries that cost, and its difference from the replayed line is larger
@@ -476,11 +478,11 @@ if CAPTURE is not None:
 # file has the replayed times of fresh ranks to compare with.
 
 # %% tags=["nbval-ignore-output"]
-GRAPH_CFG = BenchConfig(minbytes=8, maxbytes=128 * 2**20, stepfactor=8, repeat=3, cuda_graph=5,
+GRAPH_CFG = BenchConfig(minbytes=8, maxbytes=128 * 2**20, stepfactor=8, repeat=5, cuda_graph=20,
                         collectives=("all_reduce", "send_recv", "send_one_way"))
 GRAPH = measurement("06_bench_graph", lambda: POOL.run(sweep.sweep, GRAPH_CFG, timeout=300)[0])
 if GRAPH is not None:
-    GDOC = report.make_doc(GRAPH.data, fingerprint=GRAPH.fingerprint, command="notebook 06 (-G 5)",
+    GDOC = report.make_doc(GRAPH.data, fingerprint=GRAPH.fingerprint, command="notebook 06 (-G 20)",
                            recorded_at=GRAPH.recorded_at)
     print("\n".join(report.table_lines(GDOC)))
     V_GRAPH = CLAIMS["06_bench_graph"](GRAPH.data)
@@ -676,12 +678,12 @@ if "04" in LABS:
     lab04 = LABS["04"]
     one = lab_predictions(SWEEP.data, lab04.data, lab_analysis.ONE_WAY)
     two = lab_predictions(SWEEP.data, lab04.data, lab_analysis.BOTH_WAYS)
+    us = lambda v: None if v is None else v * 1e3  # a fit the sweep could not make predicts nothing (note)
     display(pd.DataFrame([{"op": o["what"], "size": format_size(o["size_bytes"]),
-                           "measured (µs)": o["measured_ms"] * 1e3,
-                           "one-way fit (µs)": None if o["predicted_ms"] is None else o["predicted_ms"] * 1e3,
-                           "one-way / measured": o["ratio"],
-                           "send_recv fit (µs)": t["predicted_ms"] * 1e3, "send_recv / measured": t["ratio"],
-                           "note": o["note"]} for o, t in zip(one, two)]).set_index("op").round(2)
+                           "measured (µs)": us(o["measured_ms"]),
+                           "one-way fit (µs)": us(o["predicted_ms"]), "one-way / measured": o["ratio"],
+                           "send_recv fit (µs)": us(t["predicted_ms"]), "send_recv / measured": t["ratio"],
+                           "note": o["note"] or t["note"]} for o, t in zip(one, two)]).set_index("op").round(2)
             .rename_axis(f"lab 04: {lab04.label}; fits: {SWEEP.label}"))
     V_04 = CLAIMS[("06_bench_sweep", "04_comm_summary")](SWEEP.data, lab04.data)
     VERDICTS += V_04
