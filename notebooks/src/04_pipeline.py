@@ -14,7 +14,7 @@
 # **GPUs needed for the live path:** 2 (every measurement). With 1 GPU or none, every correctness check runs
 # live (gloo ranks on CPU tensors) and the measurements are the ones recorded on 2×H200, labelled so.
 #
-# **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 55 s to run on 2×H200,
+# **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
 # about 30 s on a 2-core CPU.
 
 # %% [markdown]

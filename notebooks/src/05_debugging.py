@@ -13,7 +13,7 @@
 # **GPUs needed for the live path:** 2 (NCCL). Every failure is also made live on CPU ranks (gloo); what only
 # NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
 #
-# **Time:** 45 min of study (two exercises); about 55 s to run on 2×H200 — it fails and hangs on purpose, with
+# **Time:** 45 min of study (two exercises); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
 # short timeouts, and runs independent failures side by side — about 75 s on a 2-core CPU.
 
 # %% [markdown]
