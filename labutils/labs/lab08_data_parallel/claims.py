@@ -62,30 +62,39 @@ def _timeline_verdicts(best: dict, one: dict) -> list[claims.Verdict]:
     ]
 
 
+def _speedup_verdict(data: dict, best: dict) -> claims.Verdict:
+    n, plain, s = data["world_size"], data["compute_ms"], overlap.speedup(data)
+    return claims.at_least(f"DDP on {n} GPUs trains a compute-bound transformer at >= {SPEEDUP_MIN}x one GPU's "
+                           "throughput", s, SPEEDUP_MIN,
+                           figure=f"{s:.2f}x = {n} x {plain:.1f} ms (one GPU) / {best['step_ms']:.1f} ms "
+                                  f"(DDP, {overlap.label(best)})")
+
+
+def _wrapper_verdict(data: dict, best: dict) -> claims.Verdict:
+    extra = best["no_sync_ms"] / data["compute_ms"] - 1
+    return claims.at_most(f"DDP's wrapper alone (no_sync: hooks, no all-reduce) costs <= {WRAPPER_OVERHEAD_MAX:.0%} "
+                          "over the plain model's step", extra, WRAPPER_OVERHEAD_MAX,
+                          figure=f"{extra:+.1%}: no_sync {best['no_sync_ms']:.1f} ms vs plain "
+                                 f"{data['compute_ms']:.1f} ms ({overlap.label(best)})")
+
+
 def ddp_verdicts(data: dict) -> list[claims.Verdict]:
     """Verdicts on ``08_ddp`` (a recording without the paired difference and the timeline gets the
     verdicts it was printed with)."""
     if not overlap.measures_exposed(data):
         return _no_timeline_verdicts(data)
-    n, plain = data["world_size"], data["compute_ms"]
     best, one = overlap.best(data), overlap.one_bucket(data)
-    s = overlap.speedup(data)
     cost = best["exposed_ms"] / best["comm_ms"]
     tl = _timeline_verdicts(best, one)
     out = [
-        claims.at_least(f"DDP on {n} GPUs trains a compute-bound transformer at >= {SPEEDUP_MIN}x one GPU's throughput",
-                        s, SPEEDUP_MIN, figure=f"{s:.2f}x = {n} x {plain:.1f} ms (one GPU) / {best['step_ms']:.1f} ms "
-                                               f"(DDP, {overlap.label(best)})"),
+        _speedup_verdict(data, best),
         tl[0],
         claims.at_most(f"At the best configuration, communicating costs the step <= {EXPOSED_MAX:.0%} of the "
                        "all-reduces' own time (step - no_sync, paired samples)", cost, EXPOSED_MAX,
                        figure=f"{best['exposed_ms']:.2f} ms of {best['comm_ms']:.2f} ms = {cost:.0%} "
                               f"({overlap.label(best)})"),
         *tl[1:],
-        claims.at_most(f"DDP's wrapper alone (no_sync: hooks, no all-reduce) costs <= {WRAPPER_OVERHEAD_MAX:.0%} "
-                       "over the plain model's step", best["no_sync_ms"] / plain - 1, WRAPPER_OVERHEAD_MAX,
-                       figure=f"{best['no_sync_ms'] / plain - 1:+.1%}: no_sync {best['no_sync_ms']:.1f} ms vs plain "
-                              f"{plain:.1f} ms ({overlap.label(best)})"),
+        _wrapper_verdict(data, best),
     ]
     cta = _cta_verdict(data, lambda few, default: f"exposed {few['exposed_ms']:.2f} vs {default['exposed_ms']:.2f} ms")
     return out + ([cta] if cta else []) + [_bucket_view_verdict(data)]
@@ -118,14 +127,10 @@ def _bucket_view_verdict(data: dict) -> claims.Verdict:
 def _no_timeline_verdicts(data: dict) -> list[claims.Verdict]:
     """The verdicts of a recording made before the paired difference and the kernel timeline, as they
     were printed: hidden share = (no_sync + all-reduces alone - step) / all-reduces alone."""
-    n, plain = data["world_size"], data["compute_ms"]
     best, one = overlap.best(data), overlap.one_bucket(data)
-    s = overlap.speedup(data)
     h_best, h_one = overlap.hidden(data, best), overlap.hidden(data, one)
     out = [
-        claims.at_least(f"DDP on {n} GPUs trains a compute-bound transformer at >= {SPEEDUP_MIN}x one GPU's throughput",
-                        s, SPEEDUP_MIN, figure=f"{s:.2f}x = {n} x {plain:.1f} ms (one GPU) / {best['step_ms']:.1f} ms "
-                                               f"(DDP, {overlap.label(best)})"),
+        _speedup_verdict(data, best),
         claims.at_least(f"At the best configuration (bucket cap x NCCL CTAs), backward hides >= {HIDDEN_MIN:.0%} "
                         "of the gradient all-reduce", h_best, HIDDEN_MIN,
                         figure=f"{h_best:.0%} of {best['comm_ms']:.1f} ms hidden ({overlap.label(best)}: step "
@@ -134,10 +139,7 @@ def _no_timeline_verdicts(data: dict) -> list[claims.Verdict]:
                        h_one, ONE_BUCKET_HIDDEN_MAX,
                        figure=f"{h_one:.0%} of {one['comm_ms']:.1f} ms hidden ({overlap.label(one)}, "
                               f"all-reduce calls: {one['n_buckets']})"),
-        claims.at_most(f"DDP's wrapper alone (no_sync: hooks, no all-reduce) costs <= {WRAPPER_OVERHEAD_MAX:.0%} "
-                       "over the plain model's step", best["no_sync_ms"] / plain - 1, WRAPPER_OVERHEAD_MAX,
-                       figure=f"{best['no_sync_ms'] / plain - 1:+.1%}: no_sync {best['no_sync_ms']:.1f} ms vs plain "
-                              f"{plain:.1f} ms ({overlap.label(best)})"),
+        _wrapper_verdict(data, best),
     ]
     cta = _cta_verdict(data, lambda few, default: f"comm cost {few['step_ms'] - few['no_sync_ms']:.1f} vs "
                                                   f"{default['step_ms'] - default['no_sync_ms']:.1f} ms")
