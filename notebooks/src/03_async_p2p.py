@@ -188,8 +188,9 @@ dist.destroy_process_group()
 # | `batch_isend_irecv` | the same requests, posted together | the fix NCCL's documentation prescribes |
 # | pre-connected, both ranks receive first | every rank posts its receive before its send | a circular wait that nothing can resolve |
 #
-# Every variant runs with `NCCL_DEBUG=WARN`, so that NCCL says in its own words (`NCCL WARN` lines, on a rank's
-# output) when something fails inside it. The processes take some seconds to start (each imports torch and
+# Every variant runs with `NCCL_DEBUG=WARN`, so that where NCCL itself detects a failure it says so in its own
+# words (`NCCL WARN` lines, on a rank's output); an error that the GPU raises and PyTorch's watchdog catches
+# need not pass through NCCL's log at all. The `NCCL WARN` column in 1d shows which it was. The processes take some seconds to start (each imports torch and
 # creates its NCCL communicator): they start now, in the background, and we look at the source's other defects
 # meanwhile.
 
