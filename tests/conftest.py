@@ -1,4 +1,5 @@
-"""Shared fixtures: GPU counts for skipping, and a guard that no rank process outlives a test."""
+"""Shared fixtures: GPU counts for skipping, a guard that no rank process outlives a test, and gloo pools
+(2 and 3 CPU ranks, one of each per test module that asks)."""
 from __future__ import annotations
 
 import signal
@@ -6,6 +7,7 @@ import signal
 import psutil
 import pytest
 
+import labutils
 from labutils import procs
 
 
@@ -41,3 +43,17 @@ def gpu_count() -> int:
 def needs_gpus(n: int):
     """``@needs_gpus(2)``: skip unless this machine has at least n CUDA GPUs."""
     return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPU(s), found {gpu_count()}")
+
+
+@pytest.fixture(scope="module")
+def gloo2():
+    """Two gloo ranks kept for the whole test module."""
+    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def gloo3():
+    """Three gloo ranks kept for the whole test module."""
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
+        yield p

@@ -168,30 +168,25 @@ def test_verdicts_flip_with_the_outcome():
 
 # ---------------------------------------------------------------- exercise checkers (real gloo ranks)
 
-@pytest.fixture(scope="module")
-def pool3():
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
 
-
-def test_checked_all_reduce_checker(pool3, capsys):
+def test_checked_all_reduce_checker(gloo3, capsys):
     def stub(t):
         raise NotImplementedError
-    check.checked_all_reduce(stub, pool=pool3)
+    check.checked_all_reduce(stub, pool=gloo3)
     out = capsys.readouterr().out
     assert "not attempted" in out and "all 3 ranks raise naming rank 2" in out
-    check.checked_all_reduce(solution.checked_all_reduce, pool=pool3)
+    check.checked_all_reduce(solution.checked_all_reduce, pool=gloo3)
 
     def never_checks(t):
         import torch.distributed as dist
         dist.all_reduce(t)
         return t
     with pytest.raises(ExerciseError, match="hung|did not raise"):  # gloo aborts or hangs on the odd shape
-        check.checked_all_reduce(never_checks, pool=pool3)
+        check.checked_all_reduce(never_checks, pool=gloo3)
 
 
-def test_guarded_step_checker(pool3, capsys):
-    check.guarded_step(solution.guarded_step, pool=pool3)
+def test_guarded_step_checker(gloo3, capsys):
+    check.guarded_step(solution.guarded_step, pool=gloo3)
     assert "3 ranks average" in capsys.readouterr().out
 
     def local_branch(rank, world_size, loss, grad):  # the bug the exercise is about
@@ -202,7 +197,7 @@ def test_guarded_step_checker(pool3, capsys):
             return grad / world_size
         return None
     with pytest.raises(ExerciseError, match="hung.*Decide together"):
-        check.guarded_step(local_branch, pool=pool3)
+        check.guarded_step(local_branch, pool=gloo3)
 
 
 def test_prediction_outcome(capsys):

@@ -14,7 +14,6 @@ import cloudpickle
 import pytest
 import torch.distributed as dist
 
-import labutils
 from labutils import bandwidth
 from labutils.bench import config as bconfig
 from labutils.checks import ExerciseError
@@ -25,12 +24,6 @@ from labutils.solutions import lab06 as solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 RECORDED = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
-
-
-@pytest.fixture(scope="module")
-def pool():  # 3 ranks: the last one has no partner in a one-way send and must stay idle
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
 
 
 # ----------------------------------------------------------------------------- trace and arithmetic
@@ -282,16 +275,16 @@ def _stub(case):
     raise NotImplementedError
 
 
-def test_send_one_way_checker_on_three_gloo_ranks(pool, capsys):
-    check.send_one_way(solution.send_one_way, pool)
+def test_send_one_way_checker_on_three_gloo_ranks(gloo3, capsys):
+    check.send_one_way(solution.send_one_way, gloo3)
     assert "✓ send_one_way delivers rank 2k's input" in capsys.readouterr().out
-    check.send_one_way(_stub, pool)
+    check.send_one_way(_stub, gloo3)
     out = capsys.readouterr().out
     assert "not attempted" in out and "labutils.solutions.lab06.send_one_way" in out and "✓" in out
     with pytest.raises(ExerciseError, match="wrong elements.*an exchange in both directions"):
-        check.send_one_way(_both_ways, pool)
+        check.send_one_way(_both_ways, gloo3)
     with pytest.raises(ExerciseError, match="did not return within 5 s.*matching receive"):
-        check.send_one_way(_both_send, pool, timeout=5)
+        check.send_one_way(_both_send, gloo3, timeout=5)
 
 
 # ----------------------------------------------------------------------------- a recording that does not exist

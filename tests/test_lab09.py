@@ -30,76 +30,64 @@ nb = load_definitions("09_all_to_all_and_sequence_parallel")
 FAST = dict(warmup=1, iters=1, repeat=2)
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def gloo3():
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
-
-
 def _all_true(reports) -> bool:
     return bool(verify.table(reports)["every rank"].all())
 
 
 # ------------------------------------------------------------------ the notebook's code vs one device
-def test_exchange_layouts_is_the_transpose_of_the_splits(pool):
-    rows = pool.run(nb.exchange_layouts)
+def test_exchange_layouts_is_the_transpose_of_the_splits(gloo2):
+    rows = gloo2.run(nb.exchange_layouts)
     assert rows[0]["even: after"] == [0, 1, 10, 11] and rows[1]["even: after"] == [2, 3, 12, 13]
     assert rows[1]["uneven: after"] == [1, 2, 12]
 
 
 @pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_k=2), dict(top_k=1, router_bias=50.0)],
                          ids=["top1", "top2", "all-to-expert-0"])
-def test_expert_parallel_moe_equals_one_device(pool, kw):
-    assert _all_true(pool.run(verify.moe_matches, nb.MoE, nb.ExpertParallelMoE, kwargs=kw))
+def test_expert_parallel_moe_equals_one_device(gloo2, kw):
+    assert _all_true(gloo2.run(verify.moe_matches, nb.MoE, nb.ExpertParallelMoE, kwargs=kw))
 
 
-def test_expert_parallel_moe_refuses_a_wrong_number_of_experts(pool):
+def test_expert_parallel_moe_refuses_a_wrong_number_of_experts(gloo2):
     def build(rank, world_size, MoE, ExpertParallelMoE):
         ExpertParallelMoE(MoE(4, 8, world_size + 1), None)
     with pytest.raises(labutils.RankError, match="one expert per rank"):
-        pool.run(build, nb.MoE, nb.ExpertParallelMoE)
+        gloo2.run(build, nb.MoE, nb.ExpertParallelMoE)
 
 
-def test_tp_block_equals_one_device_and_sp_needs_its_gradient_sync(pool):
-    assert _all_true(pool.run(verify.block_matches, nb.Block, nb.ParallelBlock, kwargs=dict(sequence_parallel=False)))
-    unsynced = verify.table(pool.run(verify.block_matches, nb.Block, nb.ParallelBlock,
-                                     kwargs=dict(sequence_parallel=True)))["every rank"]
+def test_tp_block_equals_one_device_and_sp_needs_its_gradient_sync(gloo2):
+    assert _all_true(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock, kwargs=dict(sequence_parallel=False)))
+    unsynced = verify.table(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock,
+                                      kwargs=dict(sequence_parallel=True)))["every rank"]
     assert not unsynced[["grad of norm.weight", "grad of norm.bias", "grad of down_bias"]].any()
     assert unsynced.drop(["grad of norm.weight", "grad of norm.bias", "grad of down_bias"]).all()
-    assert _all_true(pool.run(verify.block_matches, nb.Block, nb.ParallelBlock,
-                              kwargs=dict(sequence_parallel=True, sync=solution.sync_sp_grads)))
+    assert _all_true(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock,
+                               kwargs=dict(sequence_parallel=True, sync=solution.sync_sp_grads)))
 
 
-def test_dtensor_plans_equal_the_hand_written_layers(pool):
-    assert _all_true(pool.run(verify.dtensor_matches, nb.Block, nb.ParallelBlock, nb.tp_plan,
-                              kwargs=dict(sequence_parallel=False)))
-    sp = pool.run(verify.dtensor_matches, nb.Block, nb.ParallelBlock, solution.sp_plan,
-                  kwargs=dict(sequence_parallel=True))
+def test_dtensor_plans_equal_the_hand_written_layers(gloo2):
+    assert _all_true(gloo2.run(verify.dtensor_matches, nb.Block, nb.ParallelBlock, nb.tp_plan,
+                               kwargs=dict(sequence_parallel=False)))
+    sp = gloo2.run(verify.dtensor_matches, nb.Block, nb.ParallelBlock, solution.sp_plan,
+                   kwargs=dict(sequence_parallel=True))
     assert _all_true(sp)
     assert sp[0]["placements"]["norm.weight"] == "(Partial(sum),)"
 
 
-def test_dtensor_sp_step_sums_its_partial_gradients_like_the_hand_written_sync(pool):
+def test_dtensor_sp_step_sums_its_partial_gradients_like_the_hand_written_sync(gloo2):
     """measure.block_sweep times the DTensor SP step with reduce_partial_grads after backward: then both SP
     steps do the same work, and their local gradients are equal."""
-    for r in pool.run(verify.dtensor_step_sums_like_hand_written, nb.Block, nb.ParallelBlock, solution.sp_plan,
-                      solution.sync_sp_grads):
+    for r in gloo2.run(verify.dtensor_step_sums_like_hand_written, nb.Block, nb.ParallelBlock, solution.sp_plan,
+                       solution.sync_sp_grads):
         assert all(r["after"].values()), r["after"]
         assert not r["before"]["norm.weight"] and not r["before"]["norm.bias"]    # partial before the sum
         assert "Partial" not in "".join(r["placements"].values())
         assert r["placements"]["norm.weight"] == "(Replicate(),)"
 
 
-def test_sp_sends_the_bytes_tp_sends_and_dtensor_the_same(pool):
-    rows = pool.run(verify.traffic, nb.Block, nb.ParallelBlock,
-                    kwargs=dict(sync=solution.sync_sp_grads,
-                                plans={"DTensor TP": (nb.tp_plan, False), "DTensor SP": (solution.sp_plan, True)}))[0]
+def test_sp_sends_the_bytes_tp_sends_and_dtensor_the_same(gloo2):
+    rows = gloo2.run(verify.traffic, nb.Block, nb.ParallelBlock,
+                     kwargs=dict(sync=solution.sync_sp_grads,
+                                 plans={"DTensor TP": (nb.tp_plan, False), "DTensor SP": (solution.sp_plan, True)}))[0]
     total = {}
     for r in rows:
         if r["phase"] != "gradient sync":
@@ -111,8 +99,8 @@ def test_sp_sends_the_bytes_tp_sends_and_dtensor_the_same(pool):
     assert [r["calls"] for r in rows if r["phase"] == "gradient sync"] == [3]
 
 
-def test_saved_activations_are_predicted_by_the_shapes(pool):
-    for report in pool.run(verify.saved_activations, nb.Block, nb.ParallelBlock):
+def test_saved_activations_are_predicted_by_the_shapes(gloo2):
+    for report in gloo2.run(verify.saved_activations, nb.Block, nb.ParallelBlock):
         assert report["TP"]["counted"] == report["TP"]["predicted"]
         assert report["SP"]["counted"] == report["SP"]["predicted"] < report["TP"]["counted"]
 
@@ -155,13 +143,13 @@ def test_ledger_counts_every_collective_with_nccl_tests_factors(gloo3):
 
 
 # ------------------------------------------------------------------ measurements (tiny, on gloo)
-def test_measurement_sweeps_run_and_return_what_the_verdicts_read(pool):
-    a2a = pool.run(measure.collective_sweep, [64, 4096], kwargs=dict(dtype="float32", **FAST))[0]
+def test_measurement_sweeps_run_and_return_what_the_verdicts_read(gloo2):
+    a2a = gloo2.run(measure.collective_sweep, [64, 4096], kwargs=dict(dtype="float32", **FAST))[0]
     assert a2a["size_bytes"] == [64, 4096] and a2a["wrong"] == 0
-    moe = {"dispatch": pool.run(measure.dispatch_sweep, nb.dispatch, [16, 64],
-                                kwargs=dict(hidden=8, dtype="float32", **FAST))[0],
-           "skew": pool.run(measure.skew_sweep, nb.MoE, nb.ExpertParallelMoE, nb.dispatch, [0.0, 50.0],
-                            kwargs=dict(tokens=32, hidden=8, ffn=16, dtype="float32", **FAST))[0]}
+    moe = {"dispatch": gloo2.run(measure.dispatch_sweep, nb.dispatch, [16, 64],
+                                 kwargs=dict(hidden=8, dtype="float32", **FAST))[0],
+           "skew": gloo2.run(measure.skew_sweep, nb.MoE, nb.ExpertParallelMoE, nb.dispatch, [0.0, 50.0],
+                             kwargs=dict(tokens=32, hidden=8, ffn=16, dtype="float32", **FAST))[0]}
     assert moe["skew"]["hot_share"][-1] == 1.0 and moe["skew"]["max_expert_rows"][-1] == 64
     skew = moe["skew"]
     for key in ("dispatch", "layer"):
@@ -169,8 +157,8 @@ def test_measurement_sweeps_run_and_return_what_the_verdicts_read(pool):
         assert all(lo <= mid <= hi for lo, mid, hi in spans)
     variants = {"TP": {"sequence_parallel": False}, "SP": {"sequence_parallel": True},
                 "DTensor SP": {"sequence_parallel": True, "plan": solution.sp_plan}}
-    blocks = pool.run(measure.block_sweep, nb.Block, nb.ParallelBlock, variants, [8, 16],
-                      kwargs=dict(sync=solution.sync_sp_grads, hidden=8, ffn=16, dtype="float32", **FAST))[0]
+    blocks = gloo2.run(measure.block_sweep, nb.Block, nb.ParallelBlock, variants, [8, 16],
+                       kwargs=dict(sync=solution.sync_sp_grads, hidden=8, ffn=16, dtype="float32", **FAST))[0]
     assert blocks["tokens"] == [8, 16] and set(blocks["time_ms"]) == set(variants)
     for name in ("TP", "SP"):
         assert blocks["memory"][name]["saved_bytes"] == blocks["memory"][name]["predicted_saved_bytes"]
@@ -179,9 +167,9 @@ def test_measurement_sweeps_run_and_return_what_the_verdicts_read(pool):
     assert all(len(v) == 2 for k, v in moe["dispatch"].items() if k.endswith(("_ms", "bytes")))
 
 
-def test_measure_rejects_an_unknown_dtype(pool):
+def test_measure_rejects_an_unknown_dtype(gloo2):
     with pytest.raises(labutils.RankError, match="unknown dtype"):
-        pool.run(measure.collective_sweep, [64], kwargs=dict(dtype="int3"))
+        gloo2.run(measure.collective_sweep, [64], kwargs=dict(dtype="int3"))
 
 
 def test_busiest_bytes_is_the_largest_off_rank_send_or_receive():

@@ -39,18 +39,6 @@ FIXES = {"ordered send/recv": nb.gather_ordered, "batch_isend_irecv (P2POp)": nb
          "all_gather_into_tensor": nb.gather_collective}
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def gloo3():
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
-
-
 # ---- pure helpers -------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", range(1, 9))
 def test_chunk_rows_matches_torch_chunk(world_size):
@@ -321,8 +309,8 @@ def check_rings_and_fixes(res):
         assert res[1]["group"] and res[2]["group"]
 
 
-def test_notebook_fixes_and_rings_equal_the_collectives(pool, gloo3):
-    for ranks in (pool, gloo3):  # 3 ranks: uneven chunks (334, 334, 332), a subgroup, left != right
+def test_notebook_fixes_and_rings_equal_the_collectives(gloo2, gloo3):
+    for ranks in (gloo2, gloo3):  # 3 ranks: uneven chunks (334, 334, 332), a subgroup, left != right
         check_rings_and_fixes(ranks.run(_rings_and_fixes, FIXES))
 
 
@@ -330,13 +318,13 @@ def _wrong_gather(result, rows):  # the source's mistake: every rank's own chunk
     return torch.cat([result] + [result.new_zeros(r, result.shape[1]) for i, r in enumerate(rows) if i != dist.get_rank()])
 
 
-def test_verify_fixes_catches_a_wrong_gather(pool):
-    table = exchange.fixes_table(pool.run(exchange.verify_fixes, {"wrong": _wrong_gather}))
+def test_verify_fixes_catches_a_wrong_gather(gloo2):
+    table = exchange.fixes_table(gloo2.run(exchange.verify_fixes, {"wrong": _wrong_gather}))
     assert not table.loc["wrong", "equals tensor * 2 on every rank"]
 
 
-def test_source_as_written_on_gloo_shows_its_defects(pool):
-    res = pool.run(exchange.source_as_written)
+def test_source_as_written_on_gloo_shows_its_defects(gloo2):
+    res = gloo2.run(exchange.source_as_written)
     lines = exchange.diagnose_source(res)
     assert lines[0].startswith("final_result shape: (1500, 1000) on every rank")
     assert lines[-1].endswith("False")  # unseeded: every rank drew its own tensor
@@ -363,20 +351,20 @@ def test_a_blocking_send_on_every_rank_deadlocks_gloo(no_leaks):
     assert out["status"] == "RankTimeout" and out["elapsed_s"] < timeout + 6, out  # no_leaks: nothing left
 
 
-def test_attempt_reports_a_completed_run(pool):
-    out = exchange.attempt(pool.run, lambda rank, world_size: {"rank": rank, "t": torch.ones(1)})
+def test_attempt_reports_a_completed_run(gloo2):
+    out = exchange.attempt(gloo2.run, lambda rank, world_size: {"rank": rank, "t": torch.ones(1)})
     assert out["status"] == "completed" and out["value"] == [{"rank": 0, "t": None}, {"rank": 1, "t": None}]
 
 
-def test_wait_blocks_the_host_on_gloo_and_races_are_real(pool):
-    res = pool.run(wait.wait_semantics_gloo, 0.3)
+def test_wait_blocks_the_host_on_gloo_and_races_are_real(gloo2):
+    res = gloo2.run(wait.wait_semantics_gloo, 0.3)
     assert res[0] == {}
     assert res[1]["wait_ms"] >= 150 and res[1]["early_read_stale"] and res[1]["after_wait_ok"]
     assert res[1]["send_race_fraction"] > 0
 
 
-def test_overlap_experiment_code_path_on_gloo(pool):
-    data = pool.run(overlap.overlap_experiment, 1 << 16, 0, 2)[0]
+def test_overlap_experiment_code_path_on_gloo(gloo2):
+    data = gloo2.run(overlap.overlap_experiment, 1 << 16, 0, 2)[0]
     assert data["world_size"] == 2 and data["size_bytes"] == 1 << 16 and data["profiles"] == {}
     assert {(c["compute"], c["transfer"]) for c in data["cases"]} == {
         (c, t) for c in ("matmul", "memory-bound") for t in ("all_reduce (gloo)", "send/recv (gloo)")}

@@ -310,40 +310,35 @@ def test_verdicts_work_on_the_recordings():
 
 # ---------------------------------------------------------------- gloo ranks
 
-@pytest.fixture(scope="module")
-def pool3():
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
 
-
-def test_notebook_loops_equal_one_device_on_3_ranks(pool3, capsys):
-    res = pool3.run(verify.against_one_device, nb.gpipe_step, (1, 2, 4))
+def test_notebook_loops_equal_one_device_on_3_ranks(gloo3, capsys):
+    res = gloo3.run(verify.against_one_device, nb.gpipe_step, (1, 2, 4))
     verify.report(res, "gpipe_step")  # raises on any mismatch (torch.testing.assert_close in the ranks)
     assert all(res[-1][m]["output"] == "ok" for m in (1, 2, 4))
     assert all(r[m]["grads"] == "ok" for r in res for m in (1, 2, 4))
     assert sum(r[1]["n_grads"] for r in res) == verify.SMALL["n_layers"] * 6
-    verify.report(pool3.run(verify.against_one_device, nb.naive_send_recv, (1,)), "naive_send_recv")
-    res = pool3.run(verify.against_one_device, solution.one_f_one_b_step, (2, 6), kwargs={"record_order": True})
+    verify.report(gloo3.run(verify.against_one_device, nb.naive_send_recv, (1,)), "naive_send_recv")
+    res = gloo3.run(verify.against_one_device, solution.one_f_one_b_step, (2, 6), kwargs={"record_order": True})
     verify.report(res, "one_f_one_b_step")
     assert [schedule.peak_in_flight([r[6]["order"]])[0] for r in res] == [3, 2, 1]
     assert [op for op in res[1][6]["order"]] == schedule.schedule_order("1f1b", 3, 6)[1]
 
 
-def test_check_rank_detects_wrong_gradients(pool3):
+def test_check_rank_detects_wrong_gradients(gloo3):
     def double_loss(stage, x, target, loss_fn, m, act_shape):  # a classic bug: forgot a factor
         return nb.gpipe_step(stage, x, target, lambda o, t: 2 * loss_fn(o, t), m, act_shape)
-    res = pool3.run(verify.against_one_device, double_loss, (2,))
+    res = gloo3.run(verify.against_one_device, double_loss, (2,))
     assert res[2][2]["output"] == "ok"
     assert all(r[2]["grads"].startswith(f"stage {i} gradients") for i, r in enumerate(res))
     with pytest.raises(AssertionError):
         verify.report(res, "double loss")
 
 
-def test_torch_pipelining_schedules_equal_one_device(pool3, capsys):
+def test_torch_pipelining_schedules_equal_one_device(gloo3, capsys):
     def both(rank, world_size):
         return {s: verify.against_one_device(rank, world_size, functools.partial(pipelining.torch_schedule_step, schedule=s), (3, 6))
                 for s in pipelining.available_schedules()}
-    res = pool3.run(both)
+    res = gloo3.run(both)
     assert set(res[0]) == {"gpipe", "1f1b"}
     for s in res[0]:
         verify.report([r[s] for r in res], s)
@@ -407,25 +402,25 @@ def test_prediction_checker(capsys):
         check.prediction_bubble("a tenth", 2, 8)
 
 
-def test_1f1b_checker(pool3, capsys):
+def test_1f1b_checker(gloo3, capsys):
     def stub(stage, x, target, loss_fn, n_microbatches, act_shape):
         raise NotImplementedError
-    check.one_f_one_b(stub, pool=pool3)
+    check.one_f_one_b(stub, pool=gloo3)
     out = capsys.readouterr().out
     assert "not attempted" in out and "✓" in out and "at most (3, 2, 1) micro-batches" in out
     with pytest.raises(ExerciseError, match=r"stage 2 held 2 micro-batches.*min\(m, p - s\) = 1"):
-        check.one_f_one_b(nb.gpipe_step, pool=pool3)  # GPipe: right numbers, all m held
+        check.one_f_one_b(nb.gpipe_step, pool=gloo3)  # GPipe: right numbers, all m held
 
     def forgets_the_output(stage, x, target, loss_fn, n_microbatches, act_shape):
         solution.one_f_one_b_step(stage, x, target, loss_fn, n_microbatches, act_shape)
     with pytest.raises(ExerciseError, match="torch.cat"):
-        check.one_f_one_b(forgets_the_output, pool=pool3)
+        check.one_f_one_b(forgets_the_output, pool=gloo3)
 
 
-def test_1f1b_checker_explains_a_hang(pool3):
+def test_1f1b_checker_explains_a_hang(gloo3):
     def never_sends(stage, x, target, loss_fn, n_microbatches, act_shape):
         import torch.distributed as dist
         if dist.get_rank() == 1:  # waits for an activation that rank 0 never sends
             dist.recv(torch.empty(act_shape, dtype=torch.float64), src=0)
     with pytest.raises(ExerciseError, match="did not finish within 5 s"):
-        check.one_f_one_b(never_sends, pool=pool3, timeout=5)
+        check.one_f_one_b(never_sends, pool=gloo3, timeout=5)

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import labutils
 from labutils import bandwidth, claims, compat
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
@@ -35,21 +34,9 @@ nb = load_definitions("02_tensor_parallel")
 RECORDED = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
 
 
-@pytest.fixture(scope="module")
-def pool2():
-    with labutils.RankPool(world_size=2, backend="gloo", output="quiet") as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    with labutils.RankPool(world_size=3, backend="gloo", output="quiet") as p:
-        yield p
-
-
 @pytest.fixture(params=[2, 3], ids=["2 ranks", "3 ranks"])
-def pool(request, pool2, pool3):
-    return pool2 if request.param == 2 else pool3
+def pool(request, gloo2, gloo3):
+    return gloo2 if request.param == 2 else gloo3
 
 
 def _all_ok(reports) -> bool:
@@ -75,7 +62,7 @@ def test_tp_mlp_matches_nn_sequential(pool):
     assert _all_ok(pool.run(verify.mlp, nb.TensorParallelMLP))
 
 
-def test_verify_reports_a_wrong_operator(pool2):
+def test_verify_reports_a_wrong_operator(gloo2):
     class NoSumBackward(torch.autograd.Function):  # f without its all-reduce: the classic bug
         @staticmethod
         def forward(ctx, x, group):
@@ -84,7 +71,7 @@ def test_verify_reports_a_wrong_operator(pool2):
         @staticmethod
         def backward(ctx, grad):
             return grad, None
-    table = verify.table(pool2.run(verify.operators, NoSumBackward, nb.ReduceFromTP))
+    table = verify.table(gloo2.run(verify.operators, NoSumBackward, nb.ReduceFromTP))
     assert not table.loc["f backward: dL/dx = sum of every rank's dL/dy", "on every rank"]
     assert table.loc["f forward: y = x", "on every rank"]
 
@@ -109,8 +96,8 @@ def _count_all_reduces(rank, world_size, TensorParallelMLP):
     return forward, calls[len(forward):]
 
 
-def test_mlp_communicates_once_forward_and_once_backward(pool2):
-    forward, backward = pool2.run(_count_all_reduces, nb.TensorParallelMLP)[0]
+def test_mlp_communicates_once_forward_and_once_backward(gloo2):
+    forward, backward = gloo2.run(_count_all_reduces, nb.TensorParallelMLP)[0]
     assert forward == [(4, 6)] and backward == [(4, 6)]   # tokens x hidden each way, nothing between layers
 
 
@@ -126,8 +113,8 @@ def _indivisible(rank, world_size, ColumnParallelLinear, RowParallelLinear):
     return out
 
 
-def test_layers_refuse_shards_of_unequal_size(pool2):
-    for message in pool2.run(_indivisible, nb.ColumnParallelLinear, nb.RowParallelLinear)[0]:
+def test_layers_refuse_shards_of_unequal_size(gloo2):
+    for message in gloo2.run(_indivisible, nb.ColumnParallelLinear, nb.RowParallelLinear)[0]:
         assert "does not split into 2 equal shards" in message and "HINT" in message
 
 
@@ -140,22 +127,22 @@ def _without_bias(rank, world_size, ColumnParallelLinear, RowParallelLinear):
     return torch.allclose(z, down(up(x)), atol=1e-6)
 
 
-def test_layers_without_bias(pool2):
-    assert all(pool2.run(_without_bias, nb.ColumnParallelLinear, nb.RowParallelLinear))
+def test_layers_without_bias(gloo2):
+    assert all(gloo2.run(_without_bias, nb.ColumnParallelLinear, nb.RowParallelLinear))
 
 
 def test_fixed_program_gathers_twice_the_tensor(pool):
     assert all(all(checks.values()) for checks in pool.run(nb.tensor_parallel_fixed))
 
 
-def test_source_body_gathers_a_mosaic(pool2):
-    (t0, f0), (t1, f1) = pool2.run(nb.tensor_parallel_body)
+def test_source_body_gathers_a_mosaic(gloo2):
+    (t0, f0), (t1, f1) = gloo2.run(nb.tensor_parallel_body)
     assert torch.equal(f0, f1) and not torch.equal(t0, t1)
     assert torch.equal(f0[:500], 2 * t0[:500]) and torch.equal(f0[500:], 2 * t1[500:])
 
 
-def test_uneven_source_style_is_caught_and_the_padded_gather_is_right(pool2):
-    for line in pool2.run(nb.uneven_source_style):
+def test_uneven_source_style_is_caught_and_the_padded_gather_is_right(gloo2):
+    for line in gloo2.run(nb.uneven_source_style):
         assert "caught a mismatch: True" in line and "padded all_gather == 2 x tensor: True" in line
 
 
@@ -213,8 +200,8 @@ def _measure_all(rank, world_size, TensorParallelMLP):
 
 
 @pytest.fixture(scope="module")
-def measured(pool2):
-    return pool2.run(_measure_all, nb.TensorParallelMLP)
+def measured(gloo2):
+    return gloo2.run(_measure_all, nb.TensorParallelMLP)
 
 
 def test_collective_sweep_uses_nccl_tests_definitions(measured):
@@ -251,8 +238,8 @@ def test_tp_mlp_sweep_times_both_and_has_no_kernels_on_cpu(measured):
     assert row["allreduce_fwd_ms"] is None and row["allreduce_fwd_calls_ms"] == [[], []]
 
 
-def test_tp_mlp_sweep_on_a_subgroup(pool3):
-    rows = pool3.run(steps.tp_mlp_sweep, nb.TensorParallelMLP, [8],
+def test_tp_mlp_sweep_on_a_subgroup(gloo3):
+    rows = gloo3.run(steps.tp_mlp_sweep, nb.TensorParallelMLP, [8],
                      kwargs=dict(tokens=4, dtype="float32", target_ms=0.5, repeat=2, profiled_steps=1, tp_size=2))
     assert [len(r) for r in rows] == [1, 1, 0]     # rank 2 is outside the tensor-parallel group
 
@@ -291,8 +278,8 @@ def _time_alone(rank, world_size):
     return out, made
 
 
-def test_time_alone_runs_on_rank_0_only_and_shares_its_result(pool3):
-    results = pool3.run(_time_alone)
+def test_time_alone_runs_on_rank_0_only_and_shares_its_result(gloo3):
+    results = gloo3.run(_time_alone)
     assert [made for _, made in results] == [[0], [], []]
     assert len({out for out, _ in results}) == 1 and results[0][0][0] > 0
 
@@ -402,7 +389,7 @@ def test_the_link_share_verdict_names_the_rate_it_judges_against():
 
 
 # ------------------------------------------------------------------ the exercise checkers
-def test_checkers_fall_back_to_the_reference_for_stubs(pool2, capsys):
+def test_checkers_fall_back_to_the_reference_for_stubs(gloo2, capsys):
     class Stub(torch.autograd.Function):
         @staticmethod
         def forward(ctx, y, group):
@@ -414,24 +401,24 @@ def test_checkers_fall_back_to_the_reference_for_stubs(pool2, capsys):
 
     def stub(*args):
         raise NotImplementedError
-    check.gather_rows_uneven(stub, pool=pool2)
-    check.gather_from_tp(Stub, nb.ColumnParallelLinear, pool=pool2)
+    check.gather_rows_uneven(stub, pool=gloo2)
+    check.gather_from_tp(Stub, nb.ColumnParallelLinear, pool=gloo2)
     check.transfer_and_wait(stub)
     out = capsys.readouterr().out
     assert out.count("not attempted") == 3 and out.count("✓") == 3
 
 
-def test_checkers_pass_the_reference_solutions(pool2, capsys):
-    check.gather_rows_uneven(solution.gather_rows_uneven, pool=pool2)
-    check.gather_from_tp(solution.GatherFromTP, nb.ColumnParallelLinear, pool=pool2)
+def test_checkers_pass_the_reference_solutions(gloo2, capsys):
+    check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo2)
+    check.gather_from_tp(solution.GatherFromTP, nb.ColumnParallelLinear, pool=gloo2)
     check.transfer_and_wait(solution.transfer_and_wait)
     out = capsys.readouterr().out
     assert "not attempted" not in out and out.count("✓") == 3
 
 
-def test_checkers_refuse_a_pool_of_the_wrong_shape(pool3):
+def test_checkers_refuse_a_pool_of_the_wrong_shape(gloo3):
     with pytest.raises(ValueError, match="HINT"):
-        check.gather_rows_uneven(solution.gather_rows_uneven, pool=pool3)
+        check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo3)
 
 
 def _keeps_padding(x, group):
@@ -450,9 +437,9 @@ def _keeps_padding(x, group):
     (lambda x, group: solution.gather_rows_uneven(x, group).flip(0), "rank order"),
     (lambda x, group: x, "sum of the counts"),
 ])
-def test_gather_checker_hints(pool2, wrong, hint):
+def test_gather_checker_hints(gloo2, wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
-        check.gather_rows_uneven(wrong, pool=pool2)
+        check.gather_rows_uneven(wrong, pool=gloo2)
 
 
 class _FullGradBack(torch.autograd.Function):   # backward forgets to keep only this rank's columns
@@ -501,9 +488,9 @@ def _no_autograd(y, group):                      # right values, but gathered ou
     (_Stacked, "stacks the blocks along dim 0"),
     (_no_autograd, "carries no gradient"),
 ])
-def test_gather_from_tp_checker_hints(pool2, wrong, hint):
+def test_gather_from_tp_checker_hints(gloo2, wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
-        check.gather_from_tp(wrong, nb.ColumnParallelLinear, pool=pool2)
+        check.gather_from_tp(wrong, nb.ColumnParallelLinear, pool=gloo2)
 
 
 def _per_rank_medians(calls_ms):
