@@ -33,6 +33,7 @@ import re  # noqa: E402
 
 TIME_LINE = re.compile(r"\*\*Time:\*\*\s*(\d+)\s*min of study")
 RUN_2XH200 = re.compile(r"(about|under)\s+(\d+)\s*(s|min)\w*\s+to run on 2×H200")
+RUN_CPU = re.compile(r"(about|under)\s+(\d+)\s*(s|min)\w*\s+on a 2-core CPU")
 
 
 def _time_line(path) -> str:
@@ -47,13 +48,13 @@ def _readme_study_minutes() -> dict:
     return {lab: int(minutes) for lab, minutes in rows}
 
 
-def _recorded_seconds() -> dict:
-    """Each lab's run time on 2×H200 from the newest run that executed it (benchmarks/course_2xH200*.txt)."""
+def _recorded_seconds(files: str = "course_2xH200*.txt", mode: str = "multi-gpu") -> dict:
+    """Each lab's run time from the newest run that executed it in ``mode`` (benchmarks/``files``)."""
     newest: dict = {}
-    for path in sorted((ROOT / "benchmarks").glob("course_2xH200*.txt")):
+    for path in sorted((ROOT / "benchmarks").glob(files)):
         text = path.read_text()
         date = re.search(r"^date: (\S+)", text, re.M).group(1)
-        for m in re.finditer(r"^(\d\d)_\S+\s+multi-gpu\s+ok\s+([\d.]+)$", text, re.M):
+        for m in re.finditer(rf"^(\d\d)_\S+\s+{mode}\s+ok\s+([\d.]+)$", text, re.M):
             if m.group(1) not in newest or newest[m.group(1)][0] < date:
                 newest[m.group(1)] = (date, float(m.group(2)))
     return {lab: seconds for lab, (_, seconds) in newest.items()}
@@ -69,13 +70,17 @@ def test_time_line_starts_with_the_readme_study_time(path):
         f"{path.name} says {m.group(1)} min of study, README's syllabus {readme.get(path.stem[:2])}")
 
 
+@pytest.mark.parametrize("machine", ["2×H200", "2-core CPU"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_stated_run_time_on_2xh200_agrees_with_the_recorded_run(path):
-    """'about S s' within 25% of the lab's newest recorded run on 2×H200, 'under N s/min' at least that long."""
-    m = RUN_2XH200.search(_time_line(path))
-    assert m, f"{path.name}: the Time line must say how long the lab runs on 2×H200 ('about S s to run on 2×H200')"
-    recorded = _recorded_seconds().get(path.stem[:2])
-    assert recorded is not None, f"no benchmarks/course_2xH200*.txt has a successful run of {path.stem}"
+def test_stated_run_time_agrees_with_the_recorded_run(path, machine):
+    """'about S s' within 25% of the lab's newest recorded run on that machine (benchmarks/course_2xH200*.txt,
+    benchmarks/course_cpu*.txt), 'under N s/min' at least that long."""
+    pattern, files, mode = ((RUN_2XH200, "course_2xH200*.txt", "multi-gpu") if machine == "2×H200"
+                            else (RUN_CPU, "course_cpu*.txt", "cpu"))
+    m = pattern.search(_time_line(path))
+    assert m, f"{path.name}: the Time line must say how long the lab runs on a {machine} ('about S s ...')"
+    recorded = _recorded_seconds(files, mode).get(path.stem[:2])
+    assert recorded is not None, f"no benchmarks/{files} has a successful run of {path.stem}"
     stated = float(m.group(2)) * (60 if m.group(3) == "min" else 1)
     if m.group(1) == "about":
         assert abs(recorded / stated - 1) <= 0.25, f"{path.name}: 'about {stated:g} s', recorded {recorded:g} s"
@@ -86,4 +91,5 @@ def test_stated_run_time_on_2xh200_agrees_with_the_recorded_run(path):
 def test_time_checks_can_fail():
     assert RUN_2XH200.search("about 30 s to run on 2×H200").groups() == ("about", "30", "s")
     assert RUN_2XH200.search("under a minute") is None
+    assert RUN_CPU.search("about 75 s on a 2-core CPU").groups() == ("about", "75", "s")
     assert TIME_LINE.match("**Time:** 45 min of study (two exercises)").group(1) == "45"

@@ -9,7 +9,7 @@
 #
 # **GPUs needed for the live path:** 2 (GPU→GPU); 1 GPU runs the host↔GPU part live; CPU-only runs everything
 # else and shows the GPU numbers recorded on 2×H200.
-# **Time:** 30 min of study (one exercise, two predictions); about 20 s to run on 2×H200, about 20 s on a 2-core CPU.
+# **Time:** 30 min of study (one exercise, two predictions); about 20 s to run on 2×H200, about 15 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -158,7 +158,8 @@ print("rank processes still alive:", len(procs.leftover_ranks()))
 # **Two peaks, and which one to compare with.** `nvidia-smi nvlink -s` prints each link's *line rate*: the raw
 # signalling rate of one direction, coding overhead included (the table below shows it, per link and summed).
 # The datasheet gives the *data rate*: 25 GB/s per direction per NVLink 4 link, 50 GB/s both ways. <!-- not measured: NVIDIA H100/H200 datasheet -->
-# Its "900 GB/s" is 18 links × 50 GB/s, both directions added: 450 GB/s per direction, a little below the summed line rate. <!-- not measured: datasheet arithmetic -->
+# Its "900 GB/s" is 18 links × 50 GB/s, both directions added: 450 GB/s per direction. <!-- not measured: datasheet arithmetic -->
+# The line rate counts coding bits as well, so a link's line rate sits above its data rate.
 # labutils keeps both, per GPU and direction: `HW.link_peak_gbps` sums nvidia-smi's line rates (a ceiling no
 # payload reaches; the later labs' plots draw it as "NVLink line rate" or "NVLink peak") and
 # `HW.link_data_peak_gbps` multiplies the links by the datasheet rate of the NVLink version NVML reports (the
@@ -245,7 +246,8 @@ pd.DataFrame([{"copy": kind, "alpha (us)": f["alpha_us"], "beta (GB/s)": f["beta
 #   every size means no regime it misses;
 # * *pinned vs pageable*: pageable memory is first copied into a pinned bounce buffer by the driver; a gain of at
 #   least 1.5 is what makes pinning worth its cost (pinned memory cannot be swapped out);
-# * *both directions*: NVLink is full duplex and symmetric, so the two directions should agree within run-to-run noise (10%);
+# * *both directions*: if NVLink is full duplex and symmetric, the two directions agree within run-to-run noise
+#   (10%);
 # * *the prediction*: the fit should predict a size inside the range it was fitted on within 10%.
 
 # %% tags=["nbval-ignore-output"]

@@ -20,7 +20,7 @@
 # or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
 # recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 90 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 20 s on a
+# **Time:** 90 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 15 s on a
 # 2-core CPU.
 
 # %% [markdown]

@@ -21,7 +21,7 @@
 # **GPUs:** 2 for the live path (NCCL). With fewer, every correctness cell runs on gloo (CPU tensors) and
 # every measurement is the recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 70 min of study (two exercises, six predictions); about 20 s to run on 2×H200, about 25 s on a
+# **Time:** 70 min of study (two exercises, six predictions); about 20 s to run on 2×H200, about 10 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]

@@ -15,7 +15,7 @@
 # live (gloo ranks on CPU tensors) and the measurements are the ones recorded on 2×H200, labelled so.
 #
 # **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
-# about 30 s on a 2-core CPU.
+# about 15 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup

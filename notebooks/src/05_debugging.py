@@ -14,7 +14,7 @@
 # NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
 #
 # **Time:** 45 min of study (two exercises); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
-# short timeouts, and runs independent failures side by side — about 75 s on a 2-core CPU.
+# short timeouts, and runs independent failures side by side — about 60 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup

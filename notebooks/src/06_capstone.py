@@ -16,7 +16,7 @@
 # on gloo ranks, and the measurements are the ones recorded on 2×H200 by this notebook's own code, labelled
 # **RECORDED**.
 #
-# **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 10 s on a
+# **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 7 s on a
 # 2-core CPU.
 
 # %% [markdown]

@@ -20,7 +20,7 @@
 # **GPUs needed for the live path:** 2 (written for any number). With one GPU or none, every algorithm is
 # checked live on gloo ranks (CPU tensors) and the measurements are the ones this notebook recorded on
 # 2×H200, labelled **RECORDED**.
-# **Time:** 85 min of study; about 55 s to run on 2×H200 (about 30 s on a 2-core CPU).
+# **Time:** 85 min of study; about 55 s to run on 2×H200 (about 15 s on a 2-core CPU).
 
 # %% [markdown]
 # ## Setup

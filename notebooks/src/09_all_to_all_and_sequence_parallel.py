@@ -22,7 +22,7 @@
 # or a CPU-only machine every algorithm is checked live on gloo ranks, and every measurement is the recording
 # made by this notebook's own code on 2×H200, labelled **RECORDED**.
 #
-# **Time:** 75 min of study (four exercises, six predictions); about 20 s to run on 2×H200, about 20 s on a
+# **Time:** 75 min of study (four exercises, six predictions); about 20 s to run on 2×H200, about 15 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
