@@ -123,8 +123,9 @@ def kernel_config(sockets_dir: str):
 
 
 class Kernel:
-    """A ``python3`` kernel started ahead of its notebook (``--prestart``): it boots (interpreter,
-    ipykernel) while the lab before it runs. Its Unix sockets live in a folder of its own."""
+    """A ``python3`` kernel for one notebook, started when constructed -- ahead of its notebook with
+    ``--prestart``, so that it boots (interpreter, ipykernel) while the lab before it runs. Its Unix sockets
+    live in a folder of its own."""
 
     def __init__(self, cwd: Path):
         from jupyter_client.manager import AsyncKernelManager
@@ -147,8 +148,8 @@ class Kernel:
 def execute(path: Path, timeout_s: float, inplace: bool, kernel: Kernel | None = None) -> tuple[str, float]:
     """Execute one notebook; returns (status, seconds). Status is 'ok' or 'FAILED: <reason>'.
 
-    ``kernel``: one started ahead for this notebook (shut down here when the notebook is done); without
-    it, a kernel is started now. With ``inplace`` the notebook is written back with its outputs and with
+    ``kernel``: one started ahead for this notebook; without it, one is started now. Either is shut down
+    here when the notebook is done. With ``inplace`` the notebook is written back with its outputs and with
     the state of its widgets (``metadata.widgets``), so that saved sliders render before anyone runs it.
     """
     import nbformat
@@ -157,30 +158,28 @@ def execute(path: Path, timeout_s: float, inplace: bool, kernel: Kernel | None =
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
     detail = ""
-    with tempfile.TemporaryDirectory(prefix="labutils-kernel-") as sockets:
-        client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", config=kernel_config(sockets),
-                                store_widget_state=True, km=kernel.km if kernel else None,
-                                resources={"metadata": {"path": str(path.parent)}})
-        try:
-            client.execute()
-            status = "ok"
-        except CellTimeoutError as exc:
-            status = f"FAILED: cell timed out after {timeout_s:g} s ({str(exc).splitlines()[0][:80]})"
-            detail = str(exc)
-        except CellExecutionError as exc:
-            detail = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
-            last = [ln for ln in detail.splitlines() if ln.strip()][-1:]
-            status = f"FAILED: {last[0][:120] if last else 'cell error'}"
-        except Exception as exc:  # noqa: BLE001 - kernel died, etc.
-            status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
-            detail = traceback.format_exc()
-        finally:
-            if kernel is not None:  # nbclient leaves a kernel it did not start running
-                if client.kc is not None:
-                    client.kc.stop_channels()
-                kernel.shutdown()
-        if status != "ok":
-            client.set_widgets_metadata()  # execute() does it only when every cell ran
+    kernel = kernel or Kernel(path.parent)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", km=kernel.km,
+                            store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+        status = "ok"
+    except CellTimeoutError as exc:
+        status = f"FAILED: cell timed out after {timeout_s:g} s ({str(exc).splitlines()[0][:80]})"
+        detail = str(exc)
+    except CellExecutionError as exc:
+        detail = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # tracebacks come coloured
+        last = [ln for ln in detail.splitlines() if ln.strip()][-1:]
+        status = f"FAILED: {last[0][:120] if last else 'cell error'}"
+    except Exception as exc:  # noqa: BLE001 - kernel died, etc.
+        status = f"FAILED: {type(exc).__name__}: {exc}"[:140]
+        detail = traceback.format_exc()
+    finally:  # nbclient leaves running a kernel it did not start
+        if client.kc is not None:
+            client.kc.stop_channels()
+        kernel.shutdown()
+    if status != "ok":
+        client.set_widgets_metadata()  # execute() does it only when every cell ran
     if detail:  # the table keeps one line; the whole story goes to stderr
         print(f"--- {path.stem}: {status}\n{detail}", file=sys.stderr, flush=True)
     secs = time.perf_counter() - t0
