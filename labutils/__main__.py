@@ -4,6 +4,7 @@
     python -m labutils run-labs [--inplace]    # execute every lab headless, print a summary table
     python -m labutils bench [...]             # nccl-tests-style collective benchmark
     python -m labutils workspace [DIR]         # your own copy of the labs to edit (default ./my-labs)
+    python -m labutils classroom <step>        # release, grade, check: for instructors
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ COMMANDS = {
     "run-labs": ("labutils.commands.run_labs", "execute the lab notebooks headless and print a summary"),
     "bench": ("labutils.commands.bench", "benchmark collectives like nccl-tests (table, CSV/JSON, plot)"),
     "workspace": ("labutils.commands.workspace", "copy the labs into your own working folder (default ./my-labs)"),
+    "classroom": ("labutils.commands.classroom", "for instructors: release student editions, grade, check GPU slices"),
 }
 
 
