@@ -16,7 +16,8 @@ nccl-tests-style benchmark, ``commands/`` the CLI verbs, ``labs/labNN_topic/`` e
 ``checks/`` and ``solutions/`` the exercises' checkers and reference solutions.
 """
 from .errors import LaunchConfigError, RankError, RankTimeout
-from .launch import default_config, launch
+from .config import default_config
+from .launch import launch
 
 __version__ = "0.1.0"
 __all__ = ["launch", "default_config", "RankPool", "RankError", "RankTimeout", "LaunchConfigError"]

@@ -23,25 +23,86 @@ import traceback
 import types
 from datetime import timedelta
 
+from .procs import PARENT_ENV, RUN_LOCK
+
 DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives code it sends by value
 LOAD_HINT = ("modules the function uses must be importable by the ranks (they start a fresh "
              "`python` with the notebook's sys.path and working directory): define helpers in the "
              "notebook, or install the module.")
 
 
-def watch_parent(poll_s: float = 0.5) -> None:
-    """Exit at once if the process that started us dies (e.g. the Jupyter kernel is restarted).
 
-    A daemon thread polls ``getppid()`` (portable; ``prctl(PR_SET_PDEATHSIG)`` would also fire
-    when the *thread* that started us ends, e.g. a pool started from a worker thread).
+
+def parent_alive(pid: int, started: float | None) -> bool:
+    """True while process ``pid`` runs and is the one that started at ``started`` (psutil's
+    ``create_time``; None: any process with that pid). A zombie -- dead, not yet reaped -- is gone."""
+    import psutil
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 0.01:
+            return False  # the pid was reused: our parent is gone
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def parent_from_env(environ=None) -> tuple[int, float | None]:
+    """The launcher this rank belongs to: ``LABUTILS_PARENT`` (``PID:START_TIME``), which the launcher
+    sets before the rank exists; without it, ``getppid()`` now (a rank started by hand)."""
+    value = (os.environ if environ is None else environ).get(PARENT_ENV, "")
+    pid, _, started = value.partition(":")
+    try:
+        return int(pid), float(started)
+    except ValueError:
+        return os.getppid(), None
+
+
+def _leave(run_dir: str | None, lock_fd: int | None) -> None:
+    """The launcher is gone: remove the run directory if this is the last rank out, then kill this
+    rank's process group (itself and whatever it started) -- nobody else is left to do either."""
+    try:
+        if run_dir is not None:
+            import fcntl
+            import shutil
+            try:
+                fd = lock_fd if lock_fd is not None else os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another rank still holds it
+                shutil.rmtree(run_dir, ignore_errors=True)
+            except OSError:
+                pass  # another rank is still here (it removes the folder), or the folder is gone
+    finally:
+        if os.getpgid(0) == os.getpid():  # a session of our own (procs.spawn_rank): take it along
+            os.killpg(0, 9)
+        os._exit(1)
+
+
+def watch_parent(run_dir: str | None = None, poll_s: float = 0.5) -> None:
+    """Exit if the process that launched us is gone: now, and from then on (a daemon thread polls).
+
+    The launcher names itself (``parent_from_env``): a rank that records ``getppid()`` when it starts
+    would, when it starts after its launcher died (under load, with many ranks starting), record init
+    and never notice. ``run_dir`` (a launch's): this rank holds ``run_dir/ranks.lock`` shared while it
+    lives, so that the last one to leave a dead launcher's run can tell, and remove the folder.
+    (``prctl(PR_SET_PDEATHSIG)`` would also fire when the *thread* that started us ends, e.g. a pool
+    started from a worker thread, and not at all when the launcher was dead before it was set.)
     """
-    parent = os.getppid()
+    pid, started = parent_from_env()
+    lock_fd = None
+    if run_dir is not None:
+        import fcntl
+        try:
+            lock_fd = os.open(os.path.join(run_dir, RUN_LOCK), os.O_RDONLY)
+            fcntl.flock(lock_fd, fcntl.LOCK_SH)
+        except OSError:  # the run directory is gone: so is the launch
+            _leave(None, None)
+    if not parent_alive(pid, started):
+        _leave(run_dir, lock_fd)
 
     def poll():
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
+        while parent_alive(pid, started):
             time.sleep(poll_s)
+        _leave(run_dir, lock_fd)
 
     threading.Thread(target=poll, daemon=True, name="labutils-parent-watch").start()
 
@@ -263,7 +324,7 @@ def main(argv: list[str]) -> None:
     from .procs import PG_TIMEOUT_MARGIN_S
     run_dir, rank, world_size, backend, port, timeout_s, init = argv
     rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
-    watch_parent()
+    watch_parent(run_dir)
     serve_diagnostics(run_dir, rank, backend)
     result_path = os.path.join(run_dir, f"result-{rank}.pkl")
     try:

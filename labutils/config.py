@@ -6,7 +6,13 @@ Rules (the contract the labs rely on):
 * ``backend=None`` -> ``"nccl"`` with one GPU per rank when there are enough GPUs, else ``"gloo"``
   on CPU tensors;
 * ``"nccl"`` needs CUDA and at least one GPU per rank: anything else is a ``LaunchConfigError``
-  raised here, with the fix, instead of a hang or a cryptic NCCL error inside the ranks.
+  raised here, with the fix, instead of a hang or a cryptic NCCL error inside the ranks;
+* ``"gloo"`` ranks are bounded by what this machine can hold (``cpu_rank_limit``: CPUs and available
+  memory), unless ``LABUTILS_MAX_CPU_RANKS`` says otherwise -- a world size of a million is refused at
+  once instead of starting ranks until the out-of-memory killer ends the notebook's kernel.
+
+``check_world_size`` and ``check_timeout`` are the validators ``launch`` and ``RankPool`` share;
+``default_config`` is what both call to resolve (and announce) their configuration.
 """
 from __future__ import annotations
 
@@ -14,9 +20,21 @@ import dataclasses
 import numbers
 import os
 
+import psutil
+
 from .errors import LaunchConfigError
 
 BACKENDS = ("nccl", "gloo")
+
+# Memory one gloo rank holds: a fresh interpreter after `import torch` and `init_process_group`
+# measured 225 MiB resident (146 MiB of it its own, the rest shared libraries; torch 2.13 CPU build,
+# psutil's memory_full_info in the rank). Counted as 256 MiB: room for small tensors on top.
+RANK_MEMORY_BYTES = 256 * 2**20
+# Each rank's start costs about 1.5 s of CPU (import torch): 8 ranks per CPU start in ~12 s, well
+# within the default timeout; more would spend the timeout starting rather than running.
+RANKS_PER_CPU = 8
+MAX_CPU_RANKS_ENV = "LABUTILS_MAX_CPU_RANKS"  # the override, for those who know better
+_announced: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,60 +86,131 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _arg(name: str, value, cli: bool) -> str:
+    """How a person writes an argument: ``backend='gloo'`` in Python, ``--backend gloo`` on the command line."""
+    return f"--{name.replace('_', '-')} {value}" if cli else f"{name}={value!r}"
+
+
+def cpu_rank_limit(environ=None) -> tuple[int, str]:
+    """How many gloo (CPU) ranks this machine can hold, and why: ``(limit, reason)``.
+
+    The smaller of ``RANKS_PER_CPU`` per CPU this process may use and the available memory over
+    ``RANK_MEMORY_BYTES``; ``LABUTILS_MAX_CPU_RANKS=N`` in the environment replaces both.
+
+    Raises:
+        LaunchConfigError: ``LABUTILS_MAX_CPU_RANKS`` is not a positive integer.
+    """
+    environ = os.environ if environ is None else environ
+    override = environ.get(MAX_CPU_RANKS_ENV)
+    if override is not None:
+        if not override.strip().isdigit() or int(override) < 1:
+            raise LaunchConfigError(f"{MAX_CPU_RANKS_ENV} must be a positive integer, got {override!r}. "
+                                    f"HINT: e.g. {MAX_CPU_RANKS_ENV}=64, or unset it for the machine's bound.")
+        return int(override), f"{MAX_CPU_RANKS_ENV}={int(override)}"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available = psutil.virtual_memory().available
+    by_cpu, by_memory = RANKS_PER_CPU * cpus, int(available // RANK_MEMORY_BYTES)
+    if by_memory < by_cpu:
+        return max(by_memory, 1), (f"{available / 2**30:.1f} GiB of memory available, about "
+                                   f"{RANK_MEMORY_BYTES // 2**20} MiB per rank")
+    return by_cpu, f"{cpus} CPUs, at most {RANKS_PER_CPU} ranks per CPU"
+
+
+def check_world_size(world_size, backend: str, n_gpus: int | None = None, cli: bool = False) -> int:
+    """Validate a world size for ``backend`` (``"nccl"`` or ``"gloo"``) before anything starts.
+
+    NCCL: one GPU per rank (``n_gpus``, None = ask torch). gloo: at most ``cpu_rank_limit()``.
+    ``cli=True`` words the HINTs as command-line options (``--world-size``) rather than arguments.
+
+    Returns:
+        ``world_size`` as an int.
+
+    Raises:
+        LaunchConfigError: not a positive int, or more ranks than the machine can hold.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise LaunchConfigError(
+            f"world_size must be a positive int, got {world_size!r} ({type(world_size).__name__}). "
+            f"HINT: pass e.g. {_arg('world_size', 2, cli)}, or leave it out for the default.")
+    world_size = int(world_size)
+    if world_size < 1:
+        raise LaunchConfigError(
+            f"world_size must be >= 1, got {world_size}. HINT: ranks are processes, so at least one; "
+            f"leave it out for the default.")
+    if backend == "nccl":
+        n_gpus = gpu_count() if n_gpus is None else n_gpus
+        if n_gpus == 0:
+            raise LaunchConfigError(
+                f"{_arg('backend', 'nccl', cli)} needs CUDA GPUs, but torch sees none on this machine. "
+                f"HINT: use {_arg('backend', 'gloo', cli)} (CPU tensors), or leave the backend out to "
+                "pick it automatically.")
+        if world_size > n_gpus:
+            raise LaunchConfigError(
+                f"{_arg('backend', 'nccl', cli)} with {_arg('world_size', world_size, cli)} needs {world_size} GPUs "
+                f"(one per rank), but this machine has {n_gpus}. HINT: use "
+                f"{_arg('world_size', n_gpus, cli)} or fewer, or {_arg('backend', 'gloo', cli)} to run "
+                "more ranks on CPU tensors.")
+    elif backend == "gloo":
+        limit, why = cpu_rank_limit()
+        if world_size > limit:
+            raise LaunchConfigError(
+                f"{_arg('world_size', world_size, cli)}: {world_size} gloo ranks are more than this machine can "
+                f"hold, at most {limit} "
+                f"({why}). HINT: use {_arg('world_size', min(limit, 4), cli)} or another number up to "
+                f"{limit}; if you know the machine holds more, set {MAX_CPU_RANKS_ENV}=N in the "
+                "environment (os.environ in a notebook, before the launch).")
+    return world_size
+
+
+def check_timeout(timeout, what: str = "timeout") -> float:
+    """A positive number of seconds, as a float; else ``LaunchConfigError`` with a HINT."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise LaunchConfigError(
+            f"{what} must be a positive number of seconds, got {timeout!r}. HINT: e.g. {what}=60; "
+            "leave it out for the default.")
+    return float(timeout)
+
+
 def resolve(world_size: int | None = None, backend: str | None = None,
-            n_gpus: int | None = None) -> LaunchConfig:
+            n_gpus: int | None = None, cli: bool = False) -> LaunchConfig:
     """Resolve defaults and validate ``world_size``/``backend``.
 
     Args:
         world_size: number of ranks, or None for the default (GPU count if >= 2, else 2).
         backend: ``"nccl"``, ``"gloo"`` or None for the default.
         n_gpus: GPU count to assume (tests pass it); None = ask torch.
+        cli: word the HINTs as command-line options (``--backend gloo``).
 
     Returns:
         LaunchConfig.
 
     Raises:
         LaunchConfigError: world_size not a positive integer, unknown backend, ``nccl`` without
-            CUDA, or ``nccl`` with more ranks than GPUs.
+            CUDA, ``nccl`` with more ranks than GPUs, or more gloo ranks than the machine holds.
     """
-    n_gpus = gpu_count() if n_gpus is None else n_gpus
-    if world_size is not None:
-        if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
-            raise LaunchConfigError(
-                f"world_size must be a positive int, got {world_size!r} ({type(world_size).__name__}). "
-                "HINT: pass e.g. world_size=2, or leave it out for the default.")
-        if world_size < 1:
-            raise LaunchConfigError(
-                f"world_size must be >= 1, got {world_size}. "
-                "HINT: a launch needs at least one rank; leave it out for the default "
-                f"({max(n_gpus, 2) if n_gpus >= 2 else 2} on this machine).")
-        world_size = int(world_size)
     if backend is not None:
         if not isinstance(backend, str) or backend.lower() not in BACKENDS:
             raise LaunchConfigError(
                 f"backend must be one of {BACKENDS} or None, got {backend!r}. "
-                "HINT: 'nccl' for CUDA tensors (one GPU per rank), 'gloo' for CPU tensors.")
+                f"HINT: {_arg('backend', 'nccl', cli)} for CUDA tensors (one GPU per rank), "
+                f"{_arg('backend', 'gloo', cli)} for CPU tensors.")
         backend = backend.lower()
-
+    if world_size is not None:
+        world_size = check_world_size(world_size, "any", cli=cli)  # type and sign first
+    if backend == "gloo" and world_size is not None:  # no need to ask torch about GPUs
+        return LaunchConfig(check_world_size(world_size, "gloo", cli=cli), "gloo", "cpu",
+                            "CPU tensors, chosen explicitly")
+    n_gpus = gpu_count() if n_gpus is None else n_gpus
     if backend == "nccl":
-        if n_gpus == 0:
-            raise LaunchConfigError(
-                "backend='nccl' needs CUDA GPUs, but torch sees none on this machine. "
-                "HINT: use backend='gloo' (CPU tensors), or leave backend out to pick it automatically.")
-        world_size = n_gpus if world_size is None else world_size
-        if world_size > n_gpus:
-            raise LaunchConfigError(
-                f"backend='nccl' with world_size={world_size} needs {world_size} GPUs (one per rank), "
-                f"but this machine has {n_gpus}. HINT: use world_size<={n_gpus}, or backend='gloo' "
-                "to run more ranks on CPU tensors.")
+        world_size = check_world_size(max(n_gpus, 1) if world_size is None else world_size, "nccl", n_gpus, cli)
         return LaunchConfig(world_size, "nccl", "cuda",
                             f"one GPU per rank: cuda:0..cuda:{world_size - 1}")
-    if backend == "gloo":
-        world_size = (n_gpus if n_gpus >= 2 else 2) if world_size is None else world_size
-        return LaunchConfig(world_size, "gloo", "cpu", "CPU tensors, chosen explicitly")
-    # backend is None: choose
     if world_size is None:
         world_size = n_gpus if n_gpus >= 2 else 2
+    if backend == "gloo":
+        return LaunchConfig(check_world_size(world_size, "gloo", cli=cli), "gloo", "cpu",
+                            "CPU tensors, chosen explicitly")
+    # backend is None: choose
     if n_gpus >= 2 and world_size <= n_gpus:
         return LaunchConfig(world_size, "nccl", "cuda",
                             f"one GPU per rank: cuda:0..cuda:{world_size - 1}")
@@ -131,4 +220,16 @@ def resolve(world_size: int | None = None, backend: str | None = None,
         why = "CPU tensors: NCCL needs one GPU per rank and this machine has 1 GPU"
     else:
         why = "CPU tensors: no CUDA GPU found"
-    return LaunchConfig(world_size, "gloo", "cpu", why)
+    return LaunchConfig(check_world_size(world_size, "gloo", cli=cli), "gloo", "cpu", why)
+
+
+def default_config(world_size: int | None = None, backend: str | None = None,
+                   verbose: bool = True) -> LaunchConfig:
+    """Resolve the configuration ``launch`` and ``RankPool`` would use and print it (once per
+    distinct choice in this process)."""
+    cfg = resolve(world_size, backend)
+    line = cfg.describe()
+    if verbose and line not in _announced:
+        _announced.add(line)
+        print(line)
+    return cfg

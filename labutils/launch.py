@@ -37,22 +37,10 @@ from . import errors, procs
 from . import config as _config
 from .errors import LaunchConfigError
 
-_announced: set[str] = set()
 INIT_MODES = ("eager", "lazy", "none")
 FAILURE_GRACE_S = 1.0   # after the first failure, wait this long for the others (to find the cause)
 DIAGNOSE_WAIT_S = 2.0   # on a timeout, wait this long for the ranks to say where they are
 EXIT_WAIT_S = 10.0      # after success, wait this long for the ranks to tear down before killing
-
-
-def default_config(world_size: int | None = None, backend: str | None = None,
-                   verbose: bool = True) -> _config.LaunchConfig:
-    """Resolve the configuration ``launch`` would use and print it (once per distinct choice)."""
-    cfg = _config.resolve(world_size, backend)
-    line = cfg.describe()
-    if verbose and line not in _announced:
-        _announced.add(line)
-        print(line)
-    return cfg
 
 
 def _launch_in_process(fn, args, kwargs):
@@ -196,15 +184,16 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     if not callable(fn):
         raise LaunchConfigError(f"fn must be callable, got {fn!r}. "
                                 "HINT: pass the function itself: launch(my_fn), not launch(my_fn()).")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise LaunchConfigError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    timeout = _config.check_timeout(timeout)
     if init not in INIT_MODES:
-        raise LaunchConfigError(f"init must be one of {INIT_MODES}, got {init!r}.")
+        raise LaunchConfigError(f"init must be one of {INIT_MODES}, got {init!r}. HINT: 'eager' (the "
+                                "default) unless the lesson is about when NCCL sets up its communicator.")
     if output not in ("grouped", "live", "quiet"):
-        raise LaunchConfigError(f"output must be 'grouped', 'live' or 'quiet', got {output!r}.")
+        raise LaunchConfigError(f"output must be 'grouped', 'live' or 'quiet', got {output!r}. "
+                                "HINT: 'live' shows lines as they arrive, 'quiet' discards them.")
     if _config.under_torchrun():
         return _launch_in_process(fn, args, kwargs)
-    cfg = default_config(world_size, backend, verbose=backend is None)
+    cfg = _config.default_config(world_size, backend, verbose=backend is None)
     payload = _pickle_payload(fn, args, kwargs)
 
     relay, transcript = procs.OutputRelay(), _Transcript(output)
@@ -213,6 +202,7 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     try:
         run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
         (run_dir / "payload.pkl").write_bytes(payload)
+        (run_dir / procs.RUN_LOCK).touch()  # held by each live rank: the last out of a dead launch cleans up
         store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
         port_for_env = procs.free_loopback_port() if init == "none" else store.port
         for r in range(cfg.world_size):

@@ -7,8 +7,11 @@
   they work after CUDA was initialised in the notebook, and each gets its own session so that a
   kill reaches everything it started.
 * Each rank's stdout+stderr arrive through a pipe, line by line, tagged with the rank.
-* Ranks watch their parent and exit if it dies (kernel restart), so nothing is ever orphaned;
-  ``kill_tree`` also reaches what a rank started, even after the rank itself is gone.
+* Ranks watch their launcher and exit if it dies (kernel restart, SIGKILL, out-of-memory killer), so
+  nothing is ever orphaned: ``rank_env`` names the launcher (``LABUTILS_PARENT``: pid and start time),
+  so a rank that starts only after its launcher died exits at once too, and the last rank out of a
+  dead launch removes its run directory; ``kill_tree`` also reaches what a rank started, even after
+  the rank itself is gone.
 * ``request_diagnostics`` asks live ranks where they are (and for their flight records) before a
   hang is torn down: that is what ``RankTimeout.where`` / ``.flight`` show.
 * ``print_rank_lines`` prints ranks' output with ``[rank r]`` prefixes; ``leftover_ranks`` finds
@@ -39,6 +42,9 @@ RANK_MODULES = ("labutils._rank", "labutils.pool.worker")
 # launch timeout, so that a hang always ends as labutils' RankTimeout (same text under gloo and
 # NCCL), with the ranks still alive to say where they are.
 PG_TIMEOUT_MARGIN_S = 60.0
+
+PARENT_ENV = "LABUTILS_PARENT"  # a rank's launcher, "PID:START_TIME" (set by rank_env)
+RUN_LOCK = "ranks.lock"         # in a launch's run directory: each live rank holds it shared
 
 
 class LoopbackStore:
@@ -78,7 +84,8 @@ def rank_env(rank: int, world_size: int, port: int, backend: str, extra: dict | 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               LABUTILS_RANK=str(rank), PYTHONUNBUFFERED="1")
+               LABUTILS_RANK=str(rank), PYTHONUNBUFFERED="1",
+               **{PARENT_ENV: f"{os.getpid()}:{psutil.Process().create_time()!r}"})
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -264,12 +271,15 @@ def print_rank_lines(lines: list[tuple[int, str]], grouped: bool) -> None:
     sys.stdout.flush()
 
 
-def leftover_ranks(ignore=(), wait_s: float = 0.0) -> list[psutil.Process]:
+def leftover_ranks(ignore=(), wait_s: float = 0.0, marker: str | None = None) -> list[psutil.Process]:
     """labutils rank processes (``launch``'s and ``RankPool``'s) still running below this process.
 
     Args:
         ignore: pids not to report (e.g. those alive before a test started).
         wait_s: give processes that are exiting this long to finish first.
+        marker: look at every process of this machine instead, for rank processes whose command
+            line contains ``marker`` (e.g. a folder their run directory lies in): ranks whose
+            launcher died are no longer below anyone.
 
     Returns:
         The live ones (zombies -- exited, not yet reaped -- do not count); ``[]`` when nothing is
@@ -277,12 +287,14 @@ def leftover_ranks(ignore=(), wait_s: float = 0.0) -> list[psutil.Process]:
     """
     def alive() -> list[psutil.Process]:
         found = []
-        for proc in psutil.Process().children(recursive=True):
+        candidates = psutil.process_iter() if marker is not None else psutil.Process().children(recursive=True)
+        for proc in candidates:
             try:
+                cmdline = " ".join(proc.cmdline())
                 if (proc.pid not in ignore and proc.status() != psutil.STATUS_ZOMBIE
-                        and any(m in " ".join(proc.cmdline()) for m in RANK_MODULES)):
+                        and any(m in cmdline for m in RANK_MODULES) and (marker is None or marker in cmdline)):
                     found.append(proc)
-            except psutil.Error:  # exited while we looked
+            except psutil.Error:  # exited while we looked, or not ours to read
                 pass
         return found
 

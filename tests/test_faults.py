@@ -15,6 +15,7 @@ from __future__ import annotations
 import _thread
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -291,6 +292,67 @@ def test_nccl_without_enough_gpus_is_refused(healthy):
     match = "needs CUDA GPUs" if n == 0 else f"needs {n + 1} GPUs"
     with pytest.raises(LaunchConfigError, match=match):
         labutils.launch(_noop, world_size=max(n + 1, 2), backend="nccl")
+
+
+def test_world_size_beyond_the_machine_is_refused_at_once(healthy, monkeypatch):
+    monkeypatch.delenv("LABUTILS_MAX_CPU_RANKS", raising=False)
+    for start in (lambda: labutils.launch(_noop, world_size=10**6, backend="gloo"),
+                  lambda: labutils.launch(_noop, world_size=10**6),
+                  lambda: labutils.RankPool(world_size=10**6, backend="gloo")):
+        with Stopwatch() as clock, pytest.raises(LaunchConfigError, match=r"world_size=1000000: 1000000 gloo ranks "
+                                                 r"are more than this machine can hold, at most \d+ .*HINT.*LABUTILS_MAX_CPU_RANKS"):
+            start()
+        assert clock.s < 1.0, f"refused after {clock.s:.2f} s"
+
+
+# A launcher (a process of its own, like a notebook's kernel) starts ranks that start slowly: a
+# sitecustomize delays each by 0.25 s x its rank before labutils runs, so when the launcher is killed
+# some ranks are importing torch and most have not begun -- they start after their launcher died.
+LAUNCHER = """
+import os, sys, labutils
+def rank_fn(rank, world_size):
+    return rank
+n, slow, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+labutils.launch(rank_fn, world_size=n, backend="gloo", timeout=120, output="quiet",
+                env={"PYTHONPATH": os.pathsep.join([slow, root, os.environ.get("PYTHONPATH", "")])})
+"""
+SLOW_START = """
+import os, time
+if "LABUTILS_RANK" in os.environ:
+    time.sleep(0.25 * int(os.environ["LABUTILS_RANK"]))
+"""
+
+
+def test_ranks_of_a_killed_launcher_leave_nothing_behind(tmp_path):
+    n = 12
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_START)
+    runs = tmp_path / "runs"  # the launcher's TMPDIR: its run directory lies here, and in each rank's argv
+    runs.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TMPDIR": str(runs), "LABUTILS_MAX_CPU_RANKS": str(n)}
+    launcher = psutil.Popen([sys.executable, "-c", LAUNCHER, str(n), str(tmp_path / "slow"), root], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while len(labutils.procs.leftover_ranks(marker=str(runs))) < n:
+            assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the launcher did not start its ranks"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the first ranks are past their parent check, importing torch
+    finally:
+        launcher.kill()
+        launcher.wait()
+    t0 = time.monotonic()
+    left, folders = None, None
+    while time.monotonic() - t0 < 30:
+        left = labutils.procs.leftover_ranks(marker=str(runs))
+        folders = list(runs.iterdir())
+        if not left and not folders:
+            break
+        time.sleep(0.1)
+    assert not left, f"ranks left {time.monotonic() - t0:.0f} s after their launcher was killed: {[p.pid for p in left]}"
+    assert not folders, f"run directory left: {folders}"
 
 
 def _sum(rank, world_size):

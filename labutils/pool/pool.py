@@ -30,7 +30,6 @@ import weakref
 
 from .. import config as _config
 from ..errors import LaunchConfigError, RankError, RankTimeout
-from ..launch import default_config
 from ..procs import print_rank_lines
 from . import protocol
 from .ranks import Ranks
@@ -44,12 +43,6 @@ def _check_output(output):
     if output not in OUTPUTS:
         raise LaunchConfigError(f"output must be one of {OUTPUTS}, got {output!r}.")
     return output
-
-
-def _check_timeout(timeout, what="timeout"):
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise LaunchConfigError(f"{what} must be a positive number of seconds, got {timeout!r}.")
-    return float(timeout)
 
 
 def _shutdown(holder: list) -> None:  # weakref.finalize / atexit: must not refer to the pool
@@ -85,10 +78,10 @@ class RankPool:
     def __init__(self, world_size: int | None = None, backend: str | None = None,
                  timeout: float = 120.0, *, start_timeout: float | None = None,
                  output: str = "grouped", env: dict | None = None, wait: bool = True):
-        self.timeout = _check_timeout(timeout)
-        self.start_timeout = _check_timeout(start_timeout or max(self.timeout, 120.0), "start_timeout")
+        self.timeout = _config.check_timeout(timeout)
+        self.start_timeout = _config.check_timeout(start_timeout or max(self.timeout, 120.0), "start_timeout")
         self.output = _check_output(output)
-        self.config: _config.LaunchConfig = default_config(world_size, backend, verbose=backend is None)
+        self.config: _config.LaunchConfig = _config.default_config(world_size, backend, verbose=backend is None)
         self._env = dict(env or {})
         self._holder: list = [None]
         self._finalizer = weakref.finalize(self, _shutdown, self._holder)
@@ -265,7 +258,7 @@ class RankPool:
         return sel
 
     def _submit(self, kind: str, body: bytes, ranks, timeout, output) -> list:
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        timeout = self.timeout if timeout is None else _config.check_timeout(timeout)
         output = _check_output(output or self.output)
         sel = self._check_ranks(ranks)
         self._require_open()
