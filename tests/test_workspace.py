@@ -99,7 +99,7 @@ def test_rerun_update_and_force(course, tmp_path):
     _nb(dest / "00_setup.ipynb", "my edit")
     assert ws.plan(course, dest) == {"new": ["02_new.ipynb"], "same": ["recorded/00_bw.json"],
                                      "outdated": ["01_comm.ipynb"], "edited": ["00_setup.ipynb"]}
-    res = ws.make_workspace(dest, src=course, update=True)
+    res = ws.make_workspace(dest, src=course)
     assert res["copied"] == ["02_new.ipynb", "01_comm.ipynb"]
     assert "my edit" in (dest / "00_setup.ipynb").read_text()                  # kept
     assert (dest / "01_comm.ipynb").read_bytes() == (course / "01_comm.ipynb").read_bytes()
@@ -109,25 +109,29 @@ def test_rerun_update_and_force(course, tmp_path):
     assert (dest / "00_setup.ipynb").read_bytes() == (course / "00_setup.ipynb").read_bytes()
 
 
-def test_refuses_to_overwrite_edited_copies(course, tmp_path, monkeypatch, capsys):
+def test_a_rerun_keeps_changed_copies_adds_new_ones_and_succeeds(course, tmp_path, monkeypatch, capsys):
     dest = tmp_path / "labs"
     ws.make_workspace(dest, src=course)
     _nb(dest / "01_comm.ipynb", "my edit")
     _nb(course / "02_new.ipynb", "new")
-    with pytest.raises(ws.WorkspaceError, match=r"copies you changed \(edited or ran\): 01_comm.ipynb\. "
-                                                r"Nothing was changed\. HINT: `--update`.*`--force`.*another DIR"):
-        ws.make_workspace(dest, src=course)
-    assert not (dest / "02_new.ipynb").exists() and "my edit" in (dest / "01_comm.ipynb").read_text()
-    monkeypatch.setattr(ws, "course_notebooks", lambda: course)                 # the same through the CLI
-    assert main(["workspace", str(dest)]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("python -m labutils workspace: ") and err.count("\n") == 1
-    assert main(["workspace", str(dest), "--update"]) == 0
+    monkeypatch.setattr(ws, "course_notebooks", lambda: course)                 # through the CLI
+    assert main(["workspace", str(dest)]) == 0                                  # `workspace && jupyter lab` works
     out = capsys.readouterr().out
-    assert "Kept your edited copies" in out and "01_comm.ipynb" in out
+    assert "Kept your changed copies" in out and "01_comm.ipynb" in out and "--allow-root" in out
     assert f"jupyter lab {dest}" in out and (dest / "02_new.ipynb").exists()
+    assert "my edit" in (dest / "01_comm.ipynb").read_text()
+    assert main(["workspace", str(dest), "--update"]) == 0                      # older instructions still work
     assert main(["workspace", str(dest), "--force"]) == 0
     assert "Overwrote your edited copies: 01_comm.ipynb" in capsys.readouterr().out
+    assert "my edit" not in (dest / "01_comm.ipynb").read_text()
+
+
+def test_a_real_failure_exits_non_zero(course, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ws, "course_notebooks", lambda: course)
+    (tmp_path / "a_file").write_text("x")
+    assert main(["workspace", str(tmp_path / "a_file")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m labutils workspace: ") and err.count("\n") == 1 and "HINT" in err
 
 
 def test_refuses_bad_destinations(course, tmp_path):
@@ -145,8 +149,6 @@ def test_refuses_bad_destinations(course, tmp_path):
     assert _files(other) == ["thesis.tex"]
     ws.make_workspace(other, src=course, force=True)                             # asked for: done
     assert (other / "thesis.tex").read_text() == "mine" and (other / "00_setup.ipynb").exists()
-    with pytest.raises(ws.WorkspaceError, match="choose one"):
-        ws.make_workspace(tmp_path / "x", src=course, update=True, force=True)
     with pytest.raises(SystemExit):                                              # the CLI refuses it too
         main(["workspace", "--update", "--force"])
 
@@ -157,7 +159,7 @@ def test_damaged_manifest(course, tmp_path):
     for text in ("not json", '{"files": [1]}', "{}"):
         (dest / ws.MANIFEST).write_text(text)
         with pytest.raises(ws.WorkspaceError, match="is damaged .*HINT: `--force`"):
-            ws.make_workspace(dest, src=course, update=True)
+            ws.make_workspace(dest, src=course)
     _nb(dest / "01_comm.ipynb", "my edit")
     assert ws.make_workspace(dest, src=course, force=True)["copied"] == ["01_comm.ipynb"]   # starts afresh
     assert len(json.loads((dest / ws.MANIFEST).read_text())["files"]) == 3

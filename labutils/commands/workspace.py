@@ -1,8 +1,8 @@
 """``python -m labutils workspace [DIR]``: your own working copy of the labs, to edit and run.
 
     python -m labutils workspace                 # copies the labs into ./my-labs
-    jupyter lab my-labs                          # open them there
-    python -m labutils workspace --update        # later: add labs new in the course, keep your edits
+    jupyter lab my-labs                          # open them there (as root: --allow-root)
+    python -m labutils workspace                 # any day after: adds what is new, keeps your changes
     python -m labutils run-labs --dir my-labs    # run the copies headless
 
 The committed notebooks (``notebooks/NN_*.ipynb``) carry the reference outputs and stay as they are;
@@ -12,13 +12,15 @@ The copies keep the reference outputs, so a lab reads complete before you run it
 trusted (as ``jupyter trust`` does) so that their saved widgets and tables render.
 
 ``DIR/.labs-workspace.json`` remembers what each copy was when it was made: a copy that still matches
-is yours untouched (refreshed when the course changes), one that does not is edited and is never
-overwritten without ``--force``. A notebook's content is its cells (source and outputs): JupyterLab
+is yours untouched (refreshed when the course changes), one that does not is edited (or run) and is
+kept -- the command says so and succeeds, so ``workspace && jupyter lab`` works every day -- unless
+``--force`` replaces it. A notebook's content is its cells (source and outputs): JupyterLab
 rewriting its metadata when a kernel starts does not make it edited. ``DIR/.gitignore`` keeps the
 folder out of git wherever it lies.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shlex
@@ -143,20 +145,17 @@ def _trust(paths: list[Path]) -> str:
     return ""
 
 
-def make_workspace(dest: Path, *, update: bool = False, force: bool = False,
-                   src: Path | None = None) -> dict[str, list[str]]:
+def make_workspace(dest: Path, *, force: bool = False, src: Path | None = None) -> dict[str, list[str]]:
     """Copy the labs and their recordings from ``src`` (the course's ``notebooks/``) into ``dest``.
 
-    New files are copied and untouched older copies refreshed. An edited copy is kept with ``update``,
-    overwritten with ``force``, and otherwise stops everything before a file is written.
+    New files are copied and untouched older copies refreshed. An edited copy is kept, or overwritten
+    with ``force``.
     Returns ``plan``'s dict plus ``"copied"`` (what was written) and ``"trust_error"`` ([] or [why]).
 
     Raises:
         WorkspaceError: ``dest`` is a file, overlaps the course's notebooks, is an unrelated non-empty
-            folder, holds edited copies (without ``update``/``force``), or its manifest is damaged.
+            folder, or its manifest is damaged.
     """
-    if update and force:
-        raise WorkspaceError("--update keeps your edited copies and --force overwrites them: choose one.")
     src = src or course_notebooks()
     dest = Path(dest)
     _check_destination(src, dest, force)
@@ -166,11 +165,6 @@ def make_workspace(dest: Path, *, update: bool = False, force: bool = False,
         except WorkspaceError:
             (dest / MANIFEST).unlink()  # --force starts afresh; every file is overwritten below
     todo = plan(src, dest)
-    if todo["edited"] and not (update or force):
-        listed = ", ".join(todo["edited"])
-        raise WorkspaceError(f"{dest} holds copies you changed (edited or ran): {listed}. Nothing was "
-                             f"changed. HINT: `--update` adds new labs and keeps your changes; `--force` "
-                             f"overwrites them (your changes are lost); or choose another DIR.")
     copy = todo["new"] + todo["outdated"] + (todo["edited"] if force else [])
     (dest / "recorded").mkdir(parents=True, exist_ok=True)
     manifest = _read_manifest(dest) or {}
@@ -185,7 +179,7 @@ def make_workspace(dest: Path, *, update: bool = False, force: bool = False,
     return {**todo, "copied": copy, "trust_error": [why] if why else []}
 
 
-def report(dest_arg: str, result: dict[str, list[str]], update: bool, force: bool = False) -> str:
+def report(dest_arg: str, result: dict[str, list[str]], force: bool = False) -> str:
     """What ``make_workspace`` did, and how to open the labs (pure)."""
     labs = [r for r in result["copied"] if r.endswith(".ipynb")]
     recs = len(result["copied"]) - len(labs)
@@ -193,17 +187,18 @@ def report(dest_arg: str, result: dict[str, list[str]], update: bool, force: boo
                                           if result["copied"] else "up to date") + "."]
     if labs:
         lines.append("  " + " ".join(Path(r).stem for r in labs))
-    if result["edited"] and update:
-        lines.append("Kept your edited copies (the course's version may be newer; `--force` replaces them): "
-                     + ", ".join(result["edited"]))
+    if result["edited"] and not force:
+        lines.append("Kept your changed copies (edited or run; the course's version may be newer, "
+                     f"`--force` replaces them): " + ", ".join(result["edited"]))
     if result["edited"] and force:
         lines.append("Overwrote your edited copies: " + ", ".join(result["edited"]))
     if result["trust_error"]:
         lines.append(f"Note: could not mark the copies trusted ({result['trust_error'][0]}); saved widgets "
                      f"show as text until a cell runs. HINT: `jupyter trust {shlex.quote(dest_arg)}/*.ipynb`.")
-    lines += ["", "Open the labs with:", f"  jupyter lab {shlex.quote(dest_arg)}", "",
-              "Your edits stay in this folder; notebooks/ keeps the reference outputs. Later, "
-              f"`python -m labutils workspace {shlex.quote(dest_arg)} --update` adds labs new in the course."]
+    lines += ["", "Open the labs with:", f"  jupyter lab {shlex.quote(dest_arg)}",
+              "  (as root, e.g. in a container: add --allow-root)", "",
+              "Your changes stay in this folder; notebooks/ keeps the reference outputs. Run this command "
+              "again any day: it adds what is new in the course and keeps your changes."]
     return "\n".join(lines)
 
 
@@ -211,17 +206,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("dir", nargs="?", default=DEFAULT_DIR,
                         help=f"the working folder (default ./{DEFAULT_DIR}, ignored by git)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--update", action="store_true",
-                       help="add labs new in the course and refresh untouched copies; keep edited ones")
+    group.add_argument("--update", action="store_true",  # what it always does now; older notes say it
+                       help=argparse.SUPPRESS)
     group.add_argument("--force", action="store_true",
-                       help="overwrite every copy, also those you edited (your edits are lost)")
+                       help="overwrite every copy, also those you changed (your changes are lost); by default "
+                            "new labs are added, untouched copies refreshed and changed ones kept")
 
 
 def run(args) -> int:
     try:
-        result = make_workspace(Path(args.dir), update=args.update, force=args.force)
+        result = make_workspace(Path(args.dir), force=args.force)
     except WorkspaceError as exc:
         print(f"python -m labutils workspace: {exc}", file=sys.stderr)
         return 1
-    print(report(args.dir, result, args.update, args.force))
+    print(report(args.dir, result, args.force))
     return 0
