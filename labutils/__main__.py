@@ -1,16 +1,24 @@
-"""Command line: ``python -m labutils <command>``.
+"""Command line: ``python -m labutils <command>`` (``DESCRIPTION`` is what ``--help`` shows).
 
-    python -m labutils hw                      # describe this machine
-    python -m labutils run-labs [--inplace]    # execute every lab headless, print a summary table
-    python -m labutils bench [...]             # nccl-tests-style collective benchmark
-    python -m labutils workspace [DIR]         # your own copy of the labs to edit (default ./my-labs)
-    python -m labutils classroom <step>        # release, grade, check: for instructors
+Each command is a module of ``labutils.commands`` with ``add_arguments(parser)`` and ``run(args)``;
+a usage error is one line that points to ``--help`` (``Parser.error``), not the whole usage.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+DESCRIPTION = """\
+The GPU communication labs' tools.
+
+  python -m labutils workspace [DIR]         your own copy of the labs to edit (default ./my-labs)
+  python -m labutils hw                      describe this machine
+  python -m labutils run-labs [LAB ...]      execute the labs headless and print a summary table
+  python -m labutils bench [...]             benchmark collectives the nccl-tests way
+  python -m labutils classroom STEP          for instructors: release, grade, check
+
+python -m labutils COMMAND --help says more about each."""
 
 # command -> (module, help); each module has add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -22,17 +30,29 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labutils", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", metavar="command")
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line: ``PROG: error: MESSAGE (see PROG --help)``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="python -m labutils", description=DESCRIPTION,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="command")  # subparsers are Parsers too
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
         try:
             importlib.import_module(module).add_arguments(p)
         except ImportError as exc:  # a command whose module is missing still shows up in --help
             p.set_defaults(_import_error=exc)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.command is None:
         ap.print_help()

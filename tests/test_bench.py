@@ -59,7 +59,21 @@ def test_bad_arguments_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(["bench", *argv])
     assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "usage:" not in err and err.endswith("(see python -m labutils bench --help)\n")
+
+
+def test_help_is_plain_text_that_agrees_with_the_header(capsys):
+    for argv in ([], ["bench"], ["run-labs"], ["workspace"], ["hw"]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        text = capsys.readouterr().out
+        assert "``" not in text and ":mod:" not in text, f"reST markup in {argv} --help"
+        assert "labutils.bench" not in text and "engine" not in text  # what it does, not how it is built
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert bconfig.AUTO_ITERS in " ".join(capsys.readouterr().out.split())  # -n's help, as the header says
 
 
 def test_collectives_accept_aliases_and_all():

@@ -135,6 +135,17 @@ class BenchConfig:
         return {**dataclasses.asdict(self), "collectives": list(self.collectives)}
 
 
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """What a run prints and writes besides the table: files (paths or None), the Markdown note, and a
+    progress bar (shown only on a terminal: tqdm's ``disable=None``)."""
+    json: str | None = None
+    csv: str | None = None
+    plot: str | None = None
+    note: bool = False
+    progress: bool = True
+
+
 def layout(collective: str, size_bytes: int, itemsize: int, world_size: int) -> dict:
     """Counts for one point, as nccl-tests' ``*GetCollByteCount`` (size rounded down to whole elements).
 

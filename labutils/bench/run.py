@@ -8,7 +8,8 @@ arrive, write the files.
   it joins the ``env://`` rendezvous itself and rank 0 prints.
 * ``finish``: table or summary, the Markdown note, JSON / CSV / plot files; the exit status.
 
-Each takes the parsed arguments of ``labutils.commands.bench`` and its parser (for usage errors).
+Each takes the sweep's ``BenchConfig`` and the ``Outputs`` wanted, built and checked by
+``labutils.commands.bench`` (which turns a ValueError into a usage error).
 """
 from __future__ import annotations
 
@@ -20,23 +21,9 @@ import threading
 import time
 
 from .. import bandwidth
-from . import analysis, files, graph, report
-from .config import BenchConfig, planned_points
+from . import analysis, files, report
+from .config import BenchConfig, Outputs, planned_points
 from .sweep import sweep
-
-
-def config_from_args(args, backend: str, world_size: int) -> BenchConfig:
-    """The sweep's configuration from parsed arguments. Raises ValueError (with a HINT)."""
-    if args.root >= world_size:
-        raise ValueError(f"--root {args.root} is not a rank of {world_size}. HINT: 0 .. {world_size - 1}.")
-    if args.cuda_graph:
-        graph.require_graphs(backend)
-    maxbytes = args.maxbytes or (128 * 2**20 if backend == "nccl" else 4 * 2**20)
-    return BenchConfig(
-        minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor, datatype=args.datatype,
-        redop=args.op, root=args.root, iters=args.iters, warmup_iters=args.warmup_iters,
-        repeat=args.repeat, check=args.check, collectives=tuple(args.collectives),
-        cuda_graph=args.cuda_graph, bare=not args.no_bare)
 
 
 class Printer:
@@ -93,21 +80,21 @@ def _tail(path: str, handle, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-def finish(doc: dict, args, printer: Printer | None) -> int:
+def finish(doc: dict, out: Outputs, printer: Printer | None) -> int:
     """Print the table (or, after a live run, its summary), write the files asked for; 1 if any result
     was wrong, else 0."""
     if printer is not None:
         printer.finish(doc)
     else:
         print("\n".join(report.table_lines(doc)))
-    if args.note:
+    if out.note:
         print("\n" + report.link_note(doc))
-    if args.json:
-        files.write_json(args.json, doc)
-    if args.csv:
-        files.write_csv(args.csv, doc)
-    if args.plot:
-        analysis.busbw_figure(doc).savefig(args.plot, dpi=120, bbox_inches="tight")
+    if out.json:
+        files.write_json(out.json, doc)
+    if out.csv:
+        files.write_csv(out.csv, doc)
+    if out.plot:
+        analysis.busbw_figure(doc).savefig(out.plot, dpi=120, bbox_inches="tight")
     wrong = doc["summary"]["wrong_total"]
     if wrong:
         print(f"labutils bench: {wrong} wrong elements: a collective returned wrong data. HINT: see the "
@@ -115,19 +102,16 @@ def finish(doc: dict, args, printer: Printer | None) -> int:
     return 1 if wrong else 0
 
 
-def run_standalone(args, parser, command: str, t0: float) -> int:
-    """Run the sweep on ranks started by ``labutils.launch``, printing rows as rank 0 reports them."""
+def run_standalone(cfg: BenchConfig, launch_config, out: Outputs, timeout: float, command: str,
+                   t0: float) -> int:
+    """Run the sweep on ranks started by ``labutils.launch`` (``launch_config``: a resolved
+    ``labutils.config.LaunchConfig``), printing rows as rank 0 reports them."""
     from .. import hw
-    from ..config import resolve
-    from ..errors import LaunchConfigError, RankError, RankTimeout
+    from ..errors import RankError, RankTimeout
     from ..launch import launch
-    try:
-        lc = resolve(args.world_size, args.backend)
-        cfg = config_from_args(args, lc.backend, lc.world_size)
-    except (LaunchConfigError, ValueError) as exc:
-        parser.error(str(exc))
+    lc = launch_config
     info = hw.describe(peer_access=False)
-    printer = Printer(info.fingerprint(), planned_points(cfg, lc.world_size) + 1, not args.no_progress)
+    printer = Printer(info.fingerprint(), planned_points(cfg, lc.world_size) + 1, out.progress)
     print(f"# {lc.describe()}")
     fd, progress = tempfile.mkstemp(prefix="labutils-bench-", suffix=".jsonl")
     os.close(fd)
@@ -136,7 +120,7 @@ def run_standalone(args, parser, command: str, t0: float) -> int:
     tail.start()
     try:
         results = launch(sweep, cfg, world_size=lc.world_size, backend=lc.backend,
-                         timeout=args.timeout, output="live", kwargs={"progress_path": progress})
+                         timeout=timeout, output="live", kwargs={"progress_path": progress})
     except (RankError, RankTimeout) as exc:
         printer.bar.close()
         print(f"labutils bench: {exc}", file=sys.stderr)
@@ -150,29 +134,16 @@ def run_standalone(args, parser, command: str, t0: float) -> int:
     doc = report.make_doc(results[0], fingerprint=info.fingerprint(), command=command,
                                 link_peak_gbps=info.link_peak_gbps if lc.backend == "nccl" else None,
                                 wall_s=round(time.perf_counter() - t0, 1))
-    return finish(doc, args, printer)
+    return finish(doc, out, printer)
 
 
-def run_torchrun(args, parser, command: str, t0: float) -> int:
+def run_torchrun(cfg: BenchConfig, backend: str, out: Outputs, command: str, t0: float) -> int:
     """Run the sweep as this rank of a torchrun job (``env://``); rank 0 prints and writes."""
     import torch
     import torch.distributed as dist
     from .. import hw
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    n_local = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = args.backend or ("nccl" if local < n_local else "gloo")
     world_size = int(os.environ["WORLD_SIZE"])
-    if args.world_size is not None:
-        parser.error(f"--world-size is set by torchrun here (WORLD_SIZE={world_size}). HINT: drop it.")
-    if backend == "nccl" and local >= n_local:
-        parser.error(f"--backend nccl: LOCAL_RANK {local} has no GPU (this node has {n_local}). "
-                     "HINT: --nproc-per-node <= GPUs per node, or --backend gloo.")
-    if world_size < 2:
-        parser.error("a communication benchmark needs >= 2 ranks. HINT: torchrun --nproc-per-node 2 ...")
-    try:
-        cfg = config_from_args(args, backend, world_size)
-    except ValueError as exc:
-        parser.error(str(exc))
     kw = {}
     if backend == "nccl":
         torch.cuda.set_device(local)
@@ -183,7 +154,7 @@ def run_torchrun(args, parser, command: str, t0: float) -> int:
         printer = None
         if rank == 0:
             fp = hw.describe(peer_access=False)
-            printer = Printer(fp.fingerprint(), planned_points(cfg, world_size) + 1, not args.no_progress)
+            printer = Printer(fp.fingerprint(), planned_points(cfg, world_size) + 1, out.progress)
         result = sweep(rank, world_size, cfg, emit=printer.handle if printer else None)
         if rank != 0:
             return 1 if sum(r["wrong"] or 0 for r in result["rows"]) else 0
@@ -191,6 +162,6 @@ def run_torchrun(args, parser, command: str, t0: float) -> int:
         doc = report.make_doc(result, fingerprint=fp.fingerprint(), command=command,
                                     link_peak_gbps=fp.link_peak_gbps if one_node else None,
                                     wall_s=round(time.perf_counter() - t0, 1))
-        return finish(doc, args, printer)
+        return finish(doc, out, printer)
     finally:
         dist.destroy_process_group()

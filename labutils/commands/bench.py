@@ -1,23 +1,6 @@
-"""``python -m labutils bench``: benchmark torch.distributed collectives the nccl-tests way.
-
-    python -m labutils bench                                  # 8 collectives, 8 B .. 128 MiB, every GPU
-    python -m labutils bench -b 1K -e 1G -f 2 --json r.json --csv r.csv --plot r.png
-    python -m labutils bench -b 8 -e 1M -G 20                 # CUDA graphs: device time without host launch
-    python -m labutils bench --backend gloo -e 4M             # CPU only: gloo ranks (labelled)
-    torchrun --nproc-per-node 8 -m labutils bench -b 8 -e 1G  # under torchrun (env://), one or more nodes
-    python -m labutils bench --from-json r.json --note        # re-print a recorded run (+ README note)
-
-Eager mode (default) times back-to-back torch calls, each paying the host's launch, and times a bare
-loop of the same torch call beside the benchmark's at each collective's smallest size (the summary
-gives the ratio). ``-G N`` (nccl-tests' ``--cudagraph``) captures each point's calls in one CUDA graph
-and replays it N times: what remains is the device's time per call (NCCL only).
-
-Standalone, it starts its ranks with ``labutils.launch`` (one per GPU, or 2 gloo ranks without
-GPUs) and shows progress while they run; under torchrun every process joins the env:// rendezvous
-itself and rank 0 prints. This module holds the options; the engine is ``labutils.bench``
-(``run``: the driver, ``sweep``: the rank side, ``graph``: CUDA graphs, ``report``: the table,
-``files``: JSON/CSV). Exit status: 0,
-1 if any result was wrong or a rank failed, 2 for bad arguments.
+"""``python -m labutils bench``: the options of the benchmark and their checks (``DESCRIPTION`` is its
+``--help``). The engine is ``labutils.bench``; ``labutils.bench.run`` takes the ``BenchConfig`` and
+``Outputs`` built here and raises, and a bad option is a one-line usage error (exit status 2).
 """
 from __future__ import annotations
 
@@ -30,9 +13,34 @@ import time
 from pathlib import Path
 
 from .. import bandwidth
-from ..bench import files, run as driver
-from ..bench.config import DTYPES, REDOPS, canonical_dtype
-from ..config import under_torchrun
+from . import seconds
+from ..bench import files, graph, run as driver
+from ..bench.config import AUTO_ITERS, DTYPES, REDOPS, BenchConfig, Outputs, canonical_dtype
+from ..config import resolve, under_torchrun
+from ..errors import LaunchConfigError
+
+DESCRIPTION = """\
+Benchmark torch.distributed collectives the way nccl-tests does: for each collective and message size,
+the time per call, algbw, busbw and a check that every result is right; then a summary. Optionally
+CSV/JSON files and a plot of busbw against size.
+
+examples:
+  python -m labutils bench                                  # 8 collectives, 8 B .. 128 MiB, every GPU
+  python -m labutils bench -b 1K -e 1G -f 2 --json r.json --csv r.csv --plot r.png
+  python -m labutils bench -b 8 -e 1M -G 20                 # CUDA graphs: device time without host launch
+  python -m labutils bench --backend gloo -e 4M             # CPU only: gloo ranks (labelled)
+  torchrun --nproc-per-node 8 -m labutils bench -b 8 -e 1G  # under torchrun, one or more nodes
+  python -m labutils bench --from-json r.json --note        # print a recorded run again
+
+Eager mode (the default) times calls back to back, each launched by the host, as a training loop
+launches them, and beside them a bare loop of the same torch call (the summary gives the ratio).
+-G N captures each point's calls in one CUDA graph and replays it N times: what remains is the
+device's time per call (NCCL only).
+
+On its own it starts one rank per GPU (2 gloo ranks on CPU tensors without GPUs) and shows progress
+on a terminal; under torchrun each process is one rank and rank 0 prints.
+
+Exit status: 0; 1 if a result was wrong or a rank failed; 2 for bad arguments."""
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -57,7 +65,8 @@ def _int_at_least(low: int):
         except ValueError:
             v = None
         if v is None or v < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}.")
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}. "
+                                             f"HINT: a whole number, {low} or more.")
         return v
     return parse
 
@@ -83,7 +92,7 @@ def _redop(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
+    p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.set_defaults(_bench_parser=p)
     g = p.add_argument_group("sweep (nccl-tests' options)")
@@ -92,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest size (default 128M with nccl, 4M with gloo)")
     g.add_argument("-f", "--stepfactor", type=_int_at_least(2), default=2, help="size factor (default 2)")
     g.add_argument("-n", "--iters", type=_int_at_least(1), default=None,
-                   help="calls per sample (default: auto, 20 up to 64 MiB, fewer above, >= 5)")
+                   help=f"calls per sample (default: {AUTO_ITERS})")
     g.add_argument("-w", "--warmup_iters", type=_int_at_least(0), default=5, help="warm-up calls (default 5)")
     g.add_argument("-d", "--datatype", type=_typed(canonical_dtype), default="float",
                    help=f"one of {', '.join(DTYPES)} (default float)")
@@ -113,37 +122,81 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--world-size", type=_int_at_least(2), default=None,
                    help="ranks (default: number of GPUs, or 2 gloo ranks without GPUs); not under torchrun")
     g.add_argument("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with GPUs, else gloo")
-    g.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run (standalone)")
+    g.add_argument("--timeout", type=seconds, default=900.0, help="seconds for the whole run (standalone)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write the result (rows, summary, fingerprint) as JSON")
     g.add_argument("--csv", metavar="PATH", help="write one CSV row per measurement (fingerprint in each)")
     g.add_argument("--plot", metavar="PATH", help="save busbw vs size as an image (PNG, SVG, PDF)")
     g.add_argument("--from-json", metavar="PATH", help="re-print (and re-export) a recorded JSON; runs nothing")
     g.add_argument("--note", action="store_true", help="also print the Markdown note: peak vs the link")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none anyway when the output is not a terminal)")
 
 
-def _check_outputs(parser, args) -> None:
+def sweep_config(args, backend: str, world_size: int) -> BenchConfig:
+    """The sweep's configuration from parsed arguments. Raises ValueError (with a HINT)."""
+    if args.root >= world_size:
+        raise ValueError(f"--root {args.root} is not a rank of {world_size}. HINT: 0 .. {world_size - 1}.")
+    if args.cuda_graph:
+        graph.require_graphs(backend)
+    maxbytes = args.maxbytes or (128 * 2**20 if backend == "nccl" else 4 * 2**20)
+    return BenchConfig(
+        minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor, datatype=args.datatype,
+        redop=args.op, root=args.root, iters=args.iters, warmup_iters=args.warmup_iters,
+        repeat=args.repeat, check=args.check, collectives=tuple(args.collectives),
+        cuda_graph=args.cuda_graph, bare=not args.no_bare)
+
+
+def outputs(args) -> Outputs:
+    """What to print and write besides the table. Raises ValueError for a folder that does not exist."""
     for flag in ("json", "csv", "plot"):
         path = getattr(args, flag)
         if path and not Path(path).resolve().parent.is_dir():
-            parser.error(f"cannot write --{flag} {path}: folder {Path(path).resolve().parent} does not "
-                         "exist. HINT: create it first, or choose another path.")
+            raise ValueError(f"cannot write --{flag} {path}: folder {Path(path).resolve().parent} does not "
+                             "exist. HINT: create it first, or choose another path.")
+    return Outputs(json=args.json, csv=args.csv, plot=args.plot, note=args.note, progress=not args.no_progress)
+
+
+def torchrun_backend(args) -> tuple[str, int]:
+    """This torchrun process's backend and the job's world size. Raises ValueError (with a HINT)."""
+    import torch
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    n_local = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = args.backend or ("nccl" if local < n_local else "gloo")
+    world_size = int(os.environ["WORLD_SIZE"])
+    if args.world_size is not None:
+        raise ValueError(f"--world-size is set by torchrun here (WORLD_SIZE={world_size}). HINT: drop it.")
+    if backend == "nccl" and local >= n_local:
+        raise ValueError(f"--backend nccl: LOCAL_RANK {local} has no GPU (this node has {n_local}). "
+                         "HINT: --nproc-per-node <= GPUs per node, or --backend gloo.")
+    if world_size < 2:
+        raise ValueError("a communication benchmark needs >= 2 ranks. HINT: torchrun --nproc-per-node 2 ...")
+    return backend, world_size
 
 
 def run(args) -> int:
     t0 = time.perf_counter()
     parser = args._bench_parser
-    _check_outputs(parser, args)
     command = "python -m labutils " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else \
         "python -m labutils bench"
-    if args.from_json:
-        try:
-            doc = files.load_json(args.from_json)
-        except (OSError, ValueError) as exc:
-            parser.error(f"--from-json: {exc}")
-        return driver.finish(doc, args, None)
-    if under_torchrun():
-        where = f"  # under torchrun, WORLD_SIZE={os.environ.get('WORLD_SIZE', '?')}"
-        return driver.run_torchrun(args, parser, command + where, t0)
-    return driver.run_standalone(args, parser, command, t0)
+    try:
+        out = outputs(args)
+        if args.from_json:
+            try:
+                doc = files.load_json(args.from_json)
+            except OSError as exc:
+                raise ValueError(f"--from-json {args.from_json}: {exc.strerror}. HINT: the path of a JSON "
+                                 "file that --json wrote.") from None
+            except ValueError as exc:
+                raise ValueError(f"--from-json: {exc}") from None
+            return driver.finish(doc, out, None)
+        if under_torchrun():
+            backend, world_size = torchrun_backend(args)
+            cfg = sweep_config(args, backend, world_size)
+            where = f"  # under torchrun, WORLD_SIZE={world_size}"
+            return driver.run_torchrun(cfg, backend, out, command + where, t0)
+        launch_config = resolve(args.world_size, args.backend, cli=True)
+        cfg = sweep_config(args, launch_config.backend, launch_config.world_size)
+    except (ValueError, LaunchConfigError) as exc:
+        parser.error(str(exc))  # one line, and exit status 2
+    return driver.run_standalone(cfg, launch_config, out, args.timeout, command, t0)
