@@ -277,8 +277,12 @@ class HardwareInfo:
         return rows
 
     def __str__(self) -> str:
-        w = max(len(k) for k, _ in self.rows())
-        return "\n".join(f"{k:<{w}}  {v}" for k, v in self.rows())
+        import pandas as pd
+        table = pd.Series(dict(self.rows()))
+        table = table.str.ljust(int(table.str.len().max()))  # values read from the left
+        with pd.option_context("display.max_colwidth", None, "display.width", None):
+            text = table.to_string()
+        return "\n".join(line.rstrip() for line in text.splitlines())
 
     __repr__ = __str__  # a notebook's last expression shows the table, not the dataclass fields
 

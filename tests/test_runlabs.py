@@ -51,7 +51,7 @@ def test_cli_answers_an_unknown_lab_in_one_line(labs_dir, capsys):
     assert main(["run-labs", "--dir", str(labs_dir), "0", "99"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.count("\n") == 1 and captured.err.startswith("run-labs: no lab '99'. Labs: 00_setup")
+    assert captured.err.count("\n") == 1 and captured.err.startswith("python -m labutils run-labs: no lab '99'. Labs: 00_setup")
     assert main(["run-labs", "--dir", str(labs_dir / "missing")]) == 2
     assert "no lab notebooks" in capsys.readouterr().err
 
@@ -78,6 +78,7 @@ def test_run_labs_executes_reports_saves_widgets_and_summary(tmp_path, capfd):
     assert "--- 01_bad: FAILED" in captured.err and "raise ValueError('broken lab')" in captured.err
     assert "00_ok" not in captured.err
     assert "without encryption" not in captured.err  # the kernels listen on Unix sockets, not TCP
+    assert "labs:" not in captured.err and "%|" not in captured.err  # no progress bar in a log (not a tty)
     kernels = [p for p in psutil.Process().children(recursive=True) if "ipykernel" in " ".join(p.cmdline())]
     assert psutil.wait_procs(kernels, timeout=10)[1] == []  # each kernel was shut down with its lab
     assert any(line.split()[:3] == ["00_ok", runlabs_mode(), "ok"] for line in out.splitlines())

@@ -25,6 +25,8 @@ import time
 import traceback
 from pathlib import Path
 
+from . import seconds
+
 
 class UnknownLab(LookupError):
     """A lab given on the command line matches no notebook (the message lists the labs)."""
@@ -72,22 +74,26 @@ def find_labs(directory: Path, selected: list[str]) -> list[Path]:
     for key in selected:
         hits = _matches(key, labs)
         if not hits:
-            raise UnknownLab(f"no lab {key!r}. Labs: {', '.join(p.stem for p in labs)} "
-                             "(give a number such as 7, a topic such as setup, or a file name).")
+            raise UnknownLab(f"no lab {key!r}. Labs: {', '.join(p.stem for p in labs)}. "
+                             "HINT: give a number such as 7, a topic such as setup, or a file name.")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 
 
 def format_table(rows: list[tuple[str, str, str, float]]) -> str:
     """Render ``(lab, mode, status, seconds)`` rows as a fixed-width table with a total line (pure)."""
-    head = ("lab", "mode", "status", "seconds")
+    import pandas as pd
+    head = ["lab", "mode", "status", "seconds"]
     total = ("total", "", f"{sum(r[2] == 'ok' for r in rows)}/{len(rows)} ok", sum(r[3] for r in rows))
-    cells = [(lab, mode, status, f"{secs:.1f}") for lab, mode, status, secs in [*rows, total]]
-    widths = [max(len(r[i]) for r in [head, *cells]) for i in range(4)]
-    line = lambda r: "  ".join(str(v).ljust(w) if i < 3 else str(v).rjust(w)  # noqa: E731
-                               for i, (v, w) in enumerate(zip(r, widths))).rstrip()
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(head), sep, *map(line, cells[:-1]), sep, line(cells[-1])])
+    df = pd.DataFrame([*rows, total], columns=head)
+    df["seconds"] = df["seconds"].map("{:.1f}".format)
+    for col in head:  # words read from the left, numbers from the right
+        width = max(len(col), int(df[col].str.len().max()))
+        df[col] = df[col].str.rjust(width) if col == "seconds" else df[col].str.ljust(width)
+    header, *body = [line.rstrip() for line in df.to_string(index=False, justify="left",
+                                                                          max_colwidth=None).splitlines()]
+    sep = " ".join("-" * len(v) for v in df.iloc[0])
+    return "\n".join([header, sep, *body[:-1], sep, body[-1]])
 
 
 def conditions(prestart: bool, environ=os.environ) -> str:
@@ -195,7 +201,7 @@ def add_arguments(parser) -> None:
                         help="save the outputs and widget state into the notebooks")
     parser.add_argument("--record", action="store_true",
                         help="set LABUTILS_RECORD=1: live measurements replace notebooks/recorded/*.json")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell (default 900)")
+    parser.add_argument("--timeout", type=seconds, default=900.0, help="seconds per cell (default 900)")
     parser.add_argument("--dir", type=Path, default=None, help="notebooks folder (default ./notebooks)")
     parser.add_argument("--no-prestart", dest="prestart", action="store_false",
                         help="start each lab's kernel when the lab starts (default: while the lab before runs)")
@@ -211,7 +217,7 @@ def run(args) -> int:
     try:
         labs = find_labs(directory, args.labs)
     except UnknownLab as exc:
-        print(f"run-labs: {exc}", file=sys.stderr)
+        print(f"python -m labutils run-labs: {exc}", file=sys.stderr)
         return 2
     if args.record:
         os.environ["LABUTILS_RECORD"] = "1"
@@ -219,7 +225,8 @@ def run(args) -> int:
     rows = []
     ahead: Kernel | None = None
     try:
-        for i, path in enumerate(tqdm(labs, desc="labs", unit="lab")):
+        # disable=None: a bar only on a terminal, never in a log or a pipe
+        for i, path in enumerate(tqdm(labs, desc="labs", unit="lab", disable=None)):
             kernel, ahead = ahead, None
             if args.prestart and i + 1 < len(labs):  # the next lab's kernel boots while this one runs
                 ahead = Kernel(labs[i + 1].parent)
