@@ -200,10 +200,12 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     ranks: dict[int, object] = {}
     store = run_dir = None
     try:
+        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        # from here to the first rank's start is the only time a folder would outlive a killed caller:
+        # once a rank runs, the last rank out of a dead launch removes it (_rank.watch_parent)
         run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
         (run_dir / "payload.pkl").write_bytes(payload)
-        (run_dir / procs.RUN_LOCK).touch()  # held by each live rank: the last out of a dead launch cleans up
-        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        (run_dir / procs.RUN_LOCK).touch()  # each live rank holds it shared
         port_for_env = procs.free_loopback_port() if init == "none" else store.port
         for r in range(cfg.world_size):
             child_env = procs.rank_env(r, cfg.world_size, store.port, cfg.backend, env)
