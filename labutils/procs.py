@@ -271,15 +271,15 @@ def print_rank_lines(lines: list[tuple[int, str]], grouped: bool) -> None:
     sys.stdout.flush()
 
 
-def leftover_ranks(ignore=(), wait_s: float = 0.0, marker: str | None = None) -> list[psutil.Process]:
+def leftover_ranks(ignore=(), wait_s: float = 0.0, launcher: int | None = None) -> list[psutil.Process]:
     """labutils rank processes (``launch``'s and ``RankPool``'s) still running below this process.
 
     Args:
         ignore: pids not to report (e.g. those alive before a test started).
         wait_s: give processes that are exiting this long to finish first.
-        marker: look at every process of this machine instead, for rank processes whose command
-            line contains ``marker`` (e.g. a folder their run directory lies in): ranks whose
-            launcher died are no longer below anyone.
+        launcher: look at every process of this machine instead, for the ranks that the process
+            with this pid launched (their ``LABUTILS_PARENT``): ranks whose launcher died are no
+            longer below anyone.
 
     Returns:
         The live ones (zombies -- exited, not yet reaped -- do not count); ``[]`` when nothing is
@@ -287,12 +287,13 @@ def leftover_ranks(ignore=(), wait_s: float = 0.0, marker: str | None = None) ->
     """
     def alive() -> list[psutil.Process]:
         found = []
-        candidates = psutil.process_iter() if marker is not None else psutil.Process().children(recursive=True)
+        candidates = psutil.process_iter() if launcher is not None else psutil.Process().children(recursive=True)
         for proc in candidates:
             try:
-                cmdline = " ".join(proc.cmdline())
                 if (proc.pid not in ignore and proc.status() != psutil.STATUS_ZOMBIE
-                        and any(m in cmdline for m in RANK_MODULES) and (marker is None or marker in cmdline)):
+                        and any(m in " ".join(proc.cmdline()) for m in RANK_MODULES)
+                        and (launcher is None
+                             or proc.environ().get(PARENT_ENV, "").startswith(f"{launcher}:"))):
                     found.append(proc)
             except psutil.Error:  # exited while we looked, or not ours to read
                 pass

@@ -309,12 +309,16 @@ def test_world_size_beyond_the_machine_is_refused_at_once(healthy, monkeypatch):
 # sitecustomize delays each by 0.25 s x its rank before labutils runs, so when the launcher is killed
 # some ranks are importing torch and most have not begun -- they start after their launcher died.
 LAUNCHER = """
-import os, sys, labutils
+import os, sys, time, labutils
 def rank_fn(rank, world_size):
     return rank
-n, slow, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-labutils.launch(rank_fn, world_size=n, backend="gloo", timeout=120, output="quiet",
-                env={"PYTHONPATH": os.pathsep.join([slow, root, os.environ.get("PYTHONPATH", "")])})
+how, n, slow, root = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+env = {"PYTHONPATH": os.pathsep.join([slow, root, os.environ.get("PYTHONPATH", "")])}
+if how == "launch":
+    labutils.launch(rank_fn, world_size=n, backend="gloo", timeout=120, output="quiet", env=env)
+else:
+    pool = labutils.RankPool(n, "gloo", output="quiet", env=env, wait=False)
+    time.sleep(120)
 """
 SLOW_START = """
 import os, time
@@ -323,19 +327,19 @@ if "LABUTILS_RANK" in os.environ:
 """
 
 
-def test_ranks_of_a_killed_launcher_leave_nothing_behind(tmp_path):
-    n = 12
+@pytest.mark.parametrize("how, n", [("launch", 12), ("pool", 6)])
+def test_ranks_of_a_killed_launcher_leave_nothing_behind(how, n, tmp_path):
     (tmp_path / "slow").mkdir()
     (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_START)
-    runs = tmp_path / "runs"  # the launcher's TMPDIR: its run directory lies here, and in each rank's argv
+    runs = tmp_path / "runs"  # the launcher's TMPDIR: a launch's run directory lies here
     runs.mkdir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TMPDIR": str(runs), "LABUTILS_MAX_CPU_RANKS": str(n)}
-    launcher = psutil.Popen([sys.executable, "-c", LAUNCHER, str(n), str(tmp_path / "slow"), root], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = psutil.Popen([sys.executable, "-c", LAUNCHER, how, str(n), str(tmp_path / "slow"), root],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
-        while len(labutils.procs.leftover_ranks(marker=str(runs))) < n:
+        while len(labutils.procs.leftover_ranks(launcher=launcher.pid)) < n:
             assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the launcher did not start its ranks"
             time.sleep(0.05)
@@ -346,7 +350,7 @@ def test_ranks_of_a_killed_launcher_leave_nothing_behind(tmp_path):
     t0 = time.monotonic()
     left, folders = None, None
     while time.monotonic() - t0 < 30:
-        left = labutils.procs.leftover_ranks(marker=str(runs))
+        left = labutils.procs.leftover_ranks(launcher=launcher.pid)
         folders = list(runs.iterdir())
         if not left and not folders:
             break
