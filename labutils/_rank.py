@@ -16,6 +16,7 @@ import functools
 import linecache
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -23,27 +24,12 @@ import traceback
 import types
 from datetime import timedelta
 
-from .procs import PARENT_ENV, RUN_LOCK
+from .procs import PARENT_ENV, RUN_LOCK, parent_alive
 
 DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives code it sends by value
 LOAD_HINT = ("modules the function uses must be importable by the ranks (they start a fresh "
              "`python` with the notebook's sys.path and working directory): define helpers in the "
              "notebook, or install the module.")
-
-
-
-
-def parent_alive(pid: int, started: float | None) -> bool:
-    """True while process ``pid`` runs and is the one that started at ``started`` (psutil's
-    ``create_time``; None: any process with that pid). A zombie -- dead, not yet reaped -- is gone."""
-    import psutil
-    try:
-        proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 0.01:
-            return False  # the pid was reused: our parent is gone
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def parent_from_env(environ=None) -> tuple[int, float | None]:
@@ -73,7 +59,7 @@ def _leave(run_dir: str | None, lock_fd: int | None) -> None:
                 pass  # another rank is still here (it removes the folder), or the folder is gone
     finally:
         if os.getpgid(0) == os.getpid():  # a session of our own (procs.spawn_rank): take it along
-            os.killpg(0, 9)
+            os.killpg(0, signal.SIGKILL)
         os._exit(1)
 
 

@@ -17,7 +17,9 @@ printed with a ``[rank r]`` prefix (at most 2000 + 500 lines per rank); an excep
 raises ``RankError`` within seconds, naming the rank that failed by itself; a hang raises
 ``RankTimeout`` after ``timeout`` seconds, saying where each rank was; every rank -- and whatever
 it started -- is killed on the way out (also on KeyboardInterrupt), so no process, port or
-thread is left behind (tests/test_faults.py). The ranks import with the caller's ``sys.path``.
+thread is left behind (tests/test_faults.py); if the caller itself dies (a kernel restart, the
+out-of-memory killer), the ranks notice and exit, and the last one out removes the run's temporary
+folder. The ranks import with the caller's ``sys.path``.
 Under ``torchrun`` the function runs in the current process instead, and the results of all
 ranks are gathered.
 """
@@ -29,7 +31,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -155,7 +156,8 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     Args:
         fn: the rank function; may be defined in a notebook cell (it is pickled by value).
         *args: positional arguments passed to every rank after ``rank, world_size``.
-        world_size: number of ranks; default = GPU count if >= 2, else 2 (see ``config.resolve``).
+        world_size: number of ranks; default = GPU count if >= 2, else 2 (see ``config.resolve``);
+            refused at once beyond what the machine holds (``config.check_world_size``).
         backend: ``"nccl"`` (one GPU per rank, ``cuda:<rank>`` is made current), ``"gloo"``
             (CPU tensors) or None for the default.
         timeout: seconds for the whole launch, process start included; then ``RankTimeout``.
@@ -173,7 +175,9 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
         The ranks' return values as a list in rank order; tensors on GPUs come back on the CPU.
 
     Raises:
-        LaunchConfigError: bad arguments (before anything is started).
+        LaunchConfigError: bad arguments, or more ranks than the machine can hold (NCCL: GPUs;
+            gloo: ``config.cpu_rank_limit``, ``LABUTILS_MAX_CPU_RANKS`` overrides), before anything
+            is started.
         RankError: a rank raised or died; names the rank that failed first by itself (not one
             that only lost its peers) and carries its traceback. Raised within seconds.
         RankTimeout: ranks did not finish within ``timeout`` seconds; says where each rank was
@@ -201,9 +205,10 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     store = run_dir = None
     try:
         store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
-        # from here to the first rank's start is the only time a folder would outlive a killed caller:
-        # once a rank runs, the last rank out of a dead launch removes it (_rank.watch_parent)
-        run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
+        # once a rank runs, the last rank out of a dead launch removes the folder (_rank.watch_parent);
+        # a caller killed before that leaves it to the next launch's remove_stale_runs
+        procs.remove_stale_runs()
+        run_dir = procs.make_run_dir()
         (run_dir / "payload.pkl").write_bytes(payload)
         (run_dir / procs.RUN_LOCK).touch()  # each live rank holds it shared
         port_for_env = procs.free_loopback_port() if init == "none" else store.port

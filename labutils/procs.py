@@ -10,7 +10,8 @@
 * Ranks watch their launcher and exit if it dies (kernel restart, SIGKILL, out-of-memory killer), so
   nothing is ever orphaned: ``rank_env`` names the launcher (``LABUTILS_PARENT``: pid and start time),
   so a rank that starts only after its launcher died exits at once too, and the last rank out of a
-  dead launch removes its run directory; ``kill_tree`` also reaches what a rank started, even after
+  dead launch removes its run directory (one left by a caller that died before any rank ran goes at
+  the next launch: ``remove_stale_runs``); ``kill_tree`` also reaches what a rank started, even after
   the rank itself is gone.
 * ``request_diagnostics`` asks live ranks where they are (and for their flight records) before a
   hang is torn down: that is what ``RankTimeout.where`` / ``.flight`` show.
@@ -45,6 +46,56 @@ PG_TIMEOUT_MARGIN_S = 60.0
 
 PARENT_ENV = "LABUTILS_PARENT"  # a rank's launcher, "PID:START_TIME" (set by rank_env)
 RUN_LOCK = "ranks.lock"         # in a launch's run directory: each live rank holds it shared
+RUN_PREFIX = "labutils-"        # a launch's run directory: RUN_PREFIX + "<caller's pid>_" + random
+
+
+def parent_alive(pid: int, started: float | None) -> bool:
+    """True while process ``pid`` runs and is the one that started at ``started`` (psutil's
+    ``create_time``; None: any process with that pid). A zombie -- dead, not yet reaped -- is gone."""
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 0.01:
+            return False  # the pid was reused: that process is gone
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def make_run_dir() -> Path:
+    """A launch's run directory in the temporary folder, named for this process (``remove_stale_runs``)."""
+    import tempfile
+    return Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}_"))
+
+
+def remove_stale_runs(directory: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the run directories in ``directory`` (default: the temporary folder) whose caller is gone
+    and that no rank holds (``RUN_LOCK``): what a caller killed before its first rank ran left behind
+    (after that, the last rank out removes the folder). Returns the folders removed."""
+    import fcntl
+    import shutil
+    import tempfile
+    removed = []
+    for path in Path(directory or tempfile.gettempdir()).glob(f"{RUN_PREFIX}*_*"):
+        pid = path.name[len(RUN_PREFIX):].split("_", 1)[0]
+        try:
+            if not pid.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
+                continue
+            made = path.stat().st_mtime
+            # alive, and already running when the folder was made: its caller (pid reuse aside)
+            if parent_alive(int(pid), None) and psutil.Process(int(pid)).create_time() <= made + 1:
+                continue
+            lock = path / RUN_LOCK
+            if lock.exists():
+                fd = os.open(lock, os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a rank still holds it
+                finally:
+                    os.close(fd)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except (OSError, psutil.Error):
+            continue  # a rank holds it (it removes the folder itself), or it went meanwhile
+    return removed
 
 
 class LoopbackStore:

@@ -2,6 +2,10 @@
 
 The fault-injection suite (tests/test_faults.py) covers many more failure scenarios.
 """
+import fcntl
+import os
+import subprocess
+import sys
 import time
 
 import psutil
@@ -187,3 +191,26 @@ def test_function_using_dist_and_a_global_named_config_can_be_sent():
         return dist.get_rank(), str(config.rank_device())
 
     assert labutils.launch(fn, world_size=2, backend="gloo", output="quiet") == [(0, "cpu"), (1, "cpu")]
+
+
+def test_stale_run_directories_are_removed(tmp_path):
+    """A caller killed before its first rank ran leaves its folder to the next launch (then nobody holds it)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"labutils-{dead.pid}_abc"
+    stale.mkdir()
+    (stale / "payload.pkl").write_bytes(b"x")
+    mine = tmp_path / f"labutils-{os.getpid()}_def"        # a live caller's
+    held = tmp_path / f"labutils-{dead.pid}_ghi"           # a dead caller's, with a rank still in it
+    other = tmp_path / "labutils-kernel-x_y"               # not a run directory
+    for path in (mine, held, other):
+        path.mkdir()
+    (held / procs.RUN_LOCK).touch()
+    fd = os.open(held / procs.RUN_LOCK, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        assert procs.remove_stale_runs(tmp_path) == [stale]
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (mine, held, other))
+    assert procs.remove_stale_runs(tmp_path) == [held]      # once no rank holds it
