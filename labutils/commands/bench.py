@@ -179,6 +179,7 @@ def run(args) -> int:
     parser = args._bench_parser
     command = "python -m labutils " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else \
         "python -m labutils bench"
+    doc = launch_config = backend = None
     try:
         out = outputs(args)
         if args.from_json:
@@ -189,14 +190,17 @@ def run(args) -> int:
                                  "file that --json wrote.") from None
             except ValueError as exc:
                 raise ValueError(f"--from-json: {exc}") from None
-            return driver.finish(doc, out, None)
-        if under_torchrun():
+        elif under_torchrun():
             backend, world_size = torchrun_backend(args)
             cfg = sweep_config(args, backend, world_size)
-            where = f"  # under torchrun, WORLD_SIZE={world_size}"
-            return driver.run_torchrun(cfg, backend, out, command + where, t0)
-        launch_config = resolve(args.world_size, args.backend, cli=True)
-        cfg = sweep_config(args, launch_config.backend, launch_config.world_size)
+            command += f"  # under torchrun, WORLD_SIZE={world_size}"
+        else:
+            launch_config = resolve(args.world_size, args.backend, cli=True)
+            cfg = sweep_config(args, launch_config.backend, launch_config.world_size)
     except (ValueError, LaunchConfigError) as exc:
         parser.error(str(exc))  # one line, and exit status 2
+    if doc is not None:
+        return driver.finish(doc, out, None)
+    if backend is not None:
+        return driver.run_torchrun(cfg, backend, out, command, t0)
     return driver.run_standalone(cfg, launch_config, out, args.timeout, command, t0)
