@@ -185,7 +185,7 @@ def to_cpu(value):
     if "torch" not in sys.modules:  # no tensor can exist without torch
         return value
     import torch
-    from torch.utils._pytree import tree_map
+    from .compat import tree_map
     return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu"
                     else x, value)
 

@@ -135,9 +135,9 @@ def _load_result(path: Path, rank: int):
 def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle ``(fn, args, kwargs)``, or say which of them cannot be sent and why."""
     from ._rank import source_map  # lazy: `python -m labutils._rank` must not import it twice
-    from . import compat           # lazy: it imports torch, which a bare `import labutils` does not
+    from . import pickling         # lazy: cloudpickle, needed only to send a payload
     try:
-        payload = compat.dumps((fn, args, kwargs, source_map((fn, args, kwargs))))
+        payload = pickling.dumps((fn, args, kwargs, source_map((fn, args, kwargs))))
         # the ranks put this sys.path first (as multiprocessing's spawn does), so that what the
         # caller can import -- test modules, sys.path.append(...) in a notebook -- they can too
         return pickle.dumps({"sys_path": list(sys.path), "payload": payload},
@@ -149,7 +149,7 @@ def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
         what = "the function or its arguments"
         for label, obj in parts:
             try:
-                compat.dumps(obj)
+                pickling.dumps(obj)
             except Exception:  # noqa: BLE001
                 what = label
                 break
