@@ -213,7 +213,7 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     try:
         run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
         (run_dir / "payload.pkl").write_bytes(payload)
-        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        store = procs.LoopbackStore(timeout_s=_config.process_group_timeout(timeout))
         port_for_env = procs.free_loopback_port() if init == "none" else store.port
         for r in range(cfg.world_size):
             child_env = procs.rank_env(r, cfg.world_size, store.port, cfg.backend, env)
@@ -289,7 +289,7 @@ def _interrupted(ranks: dict, run_dir: Path, relay, transcript: _Transcript) -> 
     where: dict[int, str] = {}
     try:
         diagnostics = procs.request_diagnostics(str(run_dir), ranks, wait_s=1.0)
-        where = {r: errors.describe_frames(d["frames"]) for r, d in diagnostics.items()
+        where = {r: errors.describe_frames(d["frames"], d.get("state", "")) for r, d in diagnostics.items()
                  if d.get("frames")}
     except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, not the cleanup
         pass

@@ -35,12 +35,6 @@ import psutil
 # what a rank's command line contains: launch's ranks and RankPool's workers
 RANK_MODULES = ("labutils._rank", "labutils.pool.worker")
 
-# torch's own timeouts (process group, store) in the ranks are set this much longer than the
-# launch timeout, so that a hang always ends as labutils' RankTimeout (same text under gloo and
-# NCCL), with the ranks still alive to say where they are.
-PG_TIMEOUT_MARGIN_S = 60.0
-
-
 class LoopbackStore:
     """A ``torch.distributed.TCPStore`` server on 127.0.0.1 with an OS-chosen free port.
 
