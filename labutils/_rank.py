@@ -93,25 +93,46 @@ def watch_parent(run_dir: str | None = None, poll_s: float = 0.5) -> None:
     threading.Thread(target=poll, daemon=True, name="labutils-parent-watch").start()
 
 
-def serve_diagnostics(run_dir: str, rank: int, backend: str, poll_s: float = 0.05) -> None:
+def serve_diagnostics(run_dir: str, rank: int, backend: str, poll_s: float = 0.05, *,
+                      entry=(), states: dict | None = None) -> None:
     """Answer the caller's ``run_dir/diagnose`` request once, from a daemon thread.
 
     Writes ``run_dir/diag-RANK.pkl``: ``{"frames": [(file, line, function), ...] of the main
-    thread, outermost first, "flight": debugging.flight_record(backend) or None}``. A thread (not
-    a signal handler) because the main thread is usually blocked inside C++ with the GIL released.
+    thread, outermost first, "user_from": index of the first frame past the bootstrap, "state":
+    label of the innermost marked frame, "flight": debugging.flight_record(backend) or None}``. A
+    thread (not a signal handler) because the main thread is usually blocked inside C++ with the
+    GIL released.
+
+    Args:
+        entry: code objects of the bootstrap's functions that call the user's code: the frames up
+            to the innermost of them are the bootstrap's, not the user's (``user_from``).
+        states: ``{code object: label}`` marking the bootstrap's own functions (``"starting"``,
+            ``"returning"``, ``"returned"``, ``"idle"``, ``"running"``): the innermost marked frame
+            says what a rank is doing when no user code runs (``errors.RANK_STATES``). Frames are
+            matched by the identity of their code objects, never by their names.
     """
     request = os.path.join(run_dir, "diagnose")
     main_ident = threading.main_thread().ident
+    # by identity: code objects compare equal when only their file differs
+    entry_ids, state_ids = {id(c) for c in entry}, {id(c): label for c, label in (states or {}).items()}
+    held = (*entry, *(states or {}))
 
-    def answer():
+    def answer(held=held):  # holds the codes: alive, their ids stay theirs
         while not os.path.exists(request):
             time.sleep(poll_s)
-        info: dict = {"frames": [], "flight": None}
-        frame = sys._current_frames().get(main_ident)
-        if frame is not None:
-            info["frames"] = [(f.filename, f.lineno, f.name) for f in traceback.extract_stack(frame)]
+        info: dict = {"frames": [], "flight": None, "user_from": 0, "state": ""}
+        frame, chain = sys._current_frames().get(main_ident), []
+        while frame is not None:  # one walk: the lines and the codes are of the same moment
+            chain.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
+        chain.reverse()  # outermost first
+        info["frames"] = [(code.co_filename, line, code.co_name) for code, line in chain]
+        marked = [i for i, (code, _) in enumerate(chain) if id(code) in entry_ids]
+        info["user_from"] = marked[-1] + 1 if marked else 0
+        labels = [state_ids[id(code)] for code, _ in chain if id(code) in state_ids]
+        info["state"] = labels[-1] if labels else ""
         try:
-            from .debugging import flight_record
+            from .debugging.flight import flight_record
             info["flight"] = flight_record(backend)
         except Exception as exc:  # noqa: BLE001 - best effort: the stack matters more
             info["flight_error"] = f"{type(exc).__name__}: {exc}"
@@ -232,7 +253,7 @@ def to_cpu(value):
     if "torch" not in sys.modules:  # no tensor can exist without torch
         return value
     import torch
-    from torch.utils._pytree import tree_map
+    from .compat import tree_map
     return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu"
                     else x, value)
 
@@ -307,11 +328,13 @@ def _fail(result_path: str, info: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from .procs import PG_TIMEOUT_MARGIN_S
+    from .config import process_group_timeout
     run_dir, rank, world_size, backend, port, timeout_s, init = argv
     rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
     watch_parent(run_dir)
-    serve_diagnostics(run_dir, rank, backend)
+    serve_diagnostics(run_dir, rank, backend, entry=[main.__code__], states={
+        init_distributed.__code__: "starting", to_cpu.__code__: "returning",
+        _wait_for_release.__code__: "returned"})
     result_path = os.path.join(run_dir, f"result-{rank}.pkl")
     try:
         with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
@@ -329,7 +352,7 @@ def main(argv: list[str]) -> None:
         _fail(result_path, info)
     try:
         if init != "none":  # "none": fn initialises torch.distributed itself
-            init_distributed(rank, world_size, backend, port, timeout_s + PG_TIMEOUT_MARGIN_S,
+            init_distributed(rank, world_size, backend, port, process_group_timeout(timeout_s),
                              eager=(init == "eager"))
         value = to_cpu(fn(rank, world_size, *args, **kwargs))  # .cpu() waits for the GPU work
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller

@@ -1,4 +1,5 @@
-"""One place for torch.distributed names that differ across the torch versions the course supports.
+"""One place for the torch names that differ across the torch versions the course supports, and for
+the ones torch does not make public: labutils reaches them only from here.
 
 torch >= 2.13 renamed the tensor forms of all-gather and reduce-scatter (``all_gather_single``,
 ``reduce_scatter_single``) and made the old names emit a FutureWarning on every call; older torch
@@ -6,19 +7,19 @@ torch >= 2.13 renamed the tensor forms of all-gather and reduce-scatter (``all_g
 -- and so the notebooks' checked cells -- identical across versions. Same arguments, same NCCL call
 (``ncclAllGather`` / ``ncclReduceScatter``: rank k's block is the k-th chunk of the big buffer).
 
-``nccl_group(ctas)`` makes a communicator with a fixed number of NCCL CTAs through the NCCL options
-torch exposes (``ProcessGroupNCCL.Options().config``), with a clear error where they do not exist.
+The private ones (``torch.utils._pytree``, ``torch._utils``' bucket flattening, ``torch._ops``,
+``TorchDispatchMode``, ``torch.cuda._sleep``, the flight-recorder dumpers of ``torch._C._distributed_c10d``, a process group's timeout) are wrapped
+here, so that a torch that moves them breaks one module, with a clear error.
 """
 from __future__ import annotations
 
-import copyreg
-import importlib
-import pickle
-import sys
-
-import cloudpickle
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode  # the base class of a dispatch mode
+
+__all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "torch_function", "TorchDispatchMode",
+           "tree_map", "flatten_dense_tensors", "unflatten_dense_tensors", "is_higher_order_operator",
+           "cuda_sleep", "flight_recorder_dumpers", "process_group_timeout_s"]
 
 
 def all_gather_into_tensor(output, input, group=None, async_op: bool = False):
@@ -36,37 +37,6 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
 _NEW_NAMES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
 
-def nccl_group(ctas: int):
-    """A new process group over all ranks, on its own NCCL communicator, whose collectives each use
-    exactly ``ctas`` CTAs: NCCL's thread blocks, one per channel, each resident on one SM while the
-    collective runs (NCCL's ``ncclConfig_t.minCTAs = maxCTAs``, set through
-    ``ProcessGroupNCCL.Options().config``; NCCL >= 2.17). Fewer CTAs: fewer SMs taken from the kernels
-    running beside the collective, and less bandwidth for the collective itself.
-
-    Every rank must call it (``dist.new_group`` is collective); ``dist.destroy_process_group(group)``
-    frees the communicator.
-
-    Raises:
-        ValueError: ``ctas`` is not an int >= 1.
-        RuntimeError: the default process group is not NCCL (gloo has no CTAs to limit), or this
-            torch's NCCL options have no ``config``.
-    """
-    if isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1:
-        raise ValueError(f"ctas must be an int >= 1 (NCCL thread blocks per collective), got {ctas!r}.")
-    backend = dist.get_backend()
-    if backend != "nccl":
-        raise RuntimeError(f"nccl_group({ctas}) needs the NCCL backend; the default process group uses "
-                           f"{backend}. HINT: CTAs are NCCL's thread blocks on a GPU; on {backend} use the "
-                           "default group (group=None) instead.")
-    opts = dist.ProcessGroupNCCL.Options()
-    if not hasattr(opts, "config"):
-        raise RuntimeError(f"torch {torch.__version__} has no ProcessGroupNCCL.Options().config, so NCCL's CTA "
-                           "count cannot be set. HINT: a torch built with NCCL >= 2.17 (torch >= 2.2) has it.")
-    opts.config.min_ctas = ctas
-    opts.config.max_ctas = ctas
-    return dist.new_group(backend="nccl", pg_options=opts)
-
-
 def torch_function(name: str):
     """The ``torch.distributed`` function itself for ``"all_gather_into_tensor"`` or
     ``"reduce_scatter_tensor"``, under the name this torch prefers (for a timed loop that must pay for
@@ -76,22 +46,53 @@ def torch_function(name: str):
     return getattr(dist, _NEW_NAMES[name], None) or getattr(dist, name)
 
 
-def dumps(obj) -> bytes:
-    """``cloudpickle.dumps(obj)`` that also works for functions using ``dist`` and a global named like one of
-    torch's config modules (``config``, ``_config``).
+# ---------------------------------------------------------------------------------------------
+# torch's private names
 
-    cloudpickle sends, with a function, every submodule of a global module whose name the code uses as an
-    attribute: a function that calls ``dist.get_rank()`` and ``config.rank_device()`` drags
-    ``torch.distributed.config`` along. Since torch 2.13 that is a ``ConfigModuleInstance``, which pickle
-    cannot copy ("cannot pickle 'ConfigModuleInstance' object"). Such modules are importable by name on
-    every rank, so they are sent as a reference instead.
-    """
-    for mod in list(sys.modules.values()):
-        kind = type(mod)
-        if kind.__name__ == "ConfigModuleInstance" and kind not in copyreg.dispatch_table:
-            copyreg.pickle(kind, _import_by_name)
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def tree_map(fn, tree):
+    """``torch.utils._pytree.tree_map``: ``fn`` applied to every leaf of nested lists/tuples/dicts."""
+    from torch.utils import _pytree
+    return _pytree.tree_map(fn, tree)
 
 
-def _import_by_name(module):
-    return importlib.import_module, (module.__name__,)
+def flatten_dense_tensors(tensors):
+    """``torch._utils._flatten_dense_tensors``: one ``torch.cat`` of the tensors into a flat bucket
+    (what DDP's and ``broadcast_coalesced``'s buckets do)."""
+    from torch import _utils
+    return _utils._flatten_dense_tensors(tensors)
+
+
+def unflatten_dense_tensors(flat, tensors):
+    """``torch._utils._unflatten_dense_tensors``: views of ``flat`` shaped like ``tensors``."""
+    from torch import _utils
+    return _utils._unflatten_dense_tensors(flat, tensors)
+
+
+def is_higher_order_operator(func) -> bool:
+    """True for ``torch._ops.HigherOrderOperator`` (control-flow ops a dispatch mode must pass on)."""
+    kind = getattr(getattr(torch, "_ops", None), "HigherOrderOperator", None)
+    return kind is not None and isinstance(func, kind)
+
+
+def cuda_sleep(cycles: int) -> None:
+    """``torch.cuda._sleep``: a kernel that spins ``cycles`` GPU clock cycles on the current stream
+    (work that is late on purpose, without a host-side wait)."""
+    torch.cuda._sleep(cycles)
+
+
+def flight_recorder_dumpers(backend: str | None) -> list:
+    """torch's flight-recorder dump functions for ``backend``, most specific first:
+    ``_dump_nccl_trace`` (NCCL) and ``_dump_fr_trace`` (any backend, torch >= 2.8); those this torch
+    lacks are left out. Each returns the pickled dump (``pickle.loads`` it)."""
+    import torch._C._distributed_c10d as c10d
+    names = ["_dump_nccl_trace", "_dump_fr_trace"] if backend in (None, "nccl") else ["_dump_fr_trace"]
+    return [getattr(c10d, n) for n in names if getattr(c10d, n, None) is not None]
+
+
+def process_group_timeout_s(group=None) -> float:
+    """Seconds of torch's timeout on this rank's process group (``group``; default: the world), as
+    ``init_process_group(timeout=...)`` set it: torch keeps it on the group's backend options."""
+    pg = group or dist.group.WORLD
+    device = torch.device("cuda") if dist.get_backend(pg) == "nccl" else torch.device("cpu")
+    backend = pg._get_backend(device)
+    return backend.options._timeout.total_seconds()

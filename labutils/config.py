@@ -233,3 +233,37 @@ def default_config(world_size: int | None = None, backend: str | None = None,
         _announced.add(line)
         print(line)
     return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# torch's own timeouts in the ranks, one rule for launch and the pool
+
+# torch's process-group (and store) timeout in a rank is this much longer than the time labutils
+# gives the rank's work, so that a hang always ends as labutils' RankTimeout (same text under gloo
+# and NCCL), with the ranks still alive to say where they are -- never as torch's watchdog first.
+PG_TIMEOUT_MARGIN_S = 60.0
+
+
+def process_group_timeout(timeout_s: float) -> float:
+    """Seconds of torch's process-group timeout for ranks whose work labutils stops after
+    ``timeout_s``: ``timeout_s + PG_TIMEOUT_MARGIN_S``. ``launch`` sets it per call; a ``RankPool``
+    sets it once, when its ranks start, from the longest task it accepts."""
+    return float(timeout_s) + PG_TIMEOUT_MARGIN_S
+
+
+def check_task_timeout(timeout_s: float, pg_timeout_s: float) -> float:
+    """``timeout_s`` if ranks whose process group times out after ``pg_timeout_s`` can honour it.
+
+    Raises:
+        LaunchConfigError: ``process_group_timeout(timeout_s)`` exceeds ``pg_timeout_s``: torch's
+            watchdog could end the task before labutils' timeout does (and say less).
+    """
+    longest = pg_timeout_s - PG_TIMEOUT_MARGIN_S
+    if process_group_timeout(timeout_s) > pg_timeout_s:
+        raise LaunchConfigError(
+            f"timeout={timeout_s:g} s is longer than this pool's ranks can wait: their process group "
+            f"was set up with torch's timeout of {pg_timeout_s:g} s, which must exceed a task's timeout "
+            f"by {PG_TIMEOUT_MARGIN_S:g} s, so the longest task is {longest:g} s. HINT: start the pool "
+            f"with RankPool(timeout={timeout_s:g}) for tasks this long, or use labutils.launch, which "
+            "sets torch's timeout for each call.")
+    return float(timeout_s)

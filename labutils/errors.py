@@ -97,7 +97,7 @@ class RankTimeout(TimeoutError):
         where: ``{rank: "file:line in function: source"}`` -- where each live rank was when the
             timeout expired (the innermost line of user code; empty if it could not be asked).
         stacks: ``{rank: formatted Python stack}`` of each live rank's main thread.
-        flight: ``{rank: flight-recorder summary}`` (``labutils.debugging.flight_record``), where
+        flight: ``{rank: flight-recorder summary}`` (``labutils.debugging.flight.flight_record``), where
             the installed torch records collectives; read it with ``debugging.first_divergence``.
     """
 
@@ -243,15 +243,28 @@ def _consequence_hint(rank: int, finished: list[int], text: str) -> str:
             "the same collectives in the same order before returning.")
 
 
+# What a rank with no user frame on its stack is doing, by the label its bootstrap marks the
+# innermost of its own frames with (``_rank.serve_diagnostics(states=...)``: matched by code object).
+RANK_STATES = {
+    "starting": "still starting: joining the process group (is the timeout long enough?)",
+    "returning": ("returned, but copying its result to the CPU waits for GPU work that never "
+                  "finishes (a collective the other ranks did not call)"),
+    "returned": "returned; waiting for the other ranks",
+    "idle": "returned; waiting for the next task",
+}
+
+
 def hang_error(pending: list[int], timeout_s: float, finished: list[int],
-               diagnostics: dict[int, dict]) -> RankTimeout:
+               diagnostics: dict[int, dict], then: str = "") -> RankTimeout:
     """Build the ``RankTimeout`` for ranks that did not finish in time.
 
     Args:
         pending: ranks without a result.
         finished: ranks that had returned.
-        diagnostics: ``{rank: {"frames": [(file, line, function), ...], "flight": ...}}`` as
-            reported by the live ranks when asked (``procs.request_diagnostics``).
+        diagnostics: ``{rank: {"frames": [(file, line, function), ...], "user_from": i, "state":
+            label, "flight": ...}}`` as reported by the live ranks when asked
+            (``procs.request_diagnostics``).
+        then: what happened next, added to the HINT (the pool: "the pool was restarted ...").
     """
     where, stacks, flight, inside = {}, {}, {}, []
     for r in sorted(set(diagnostics) | set(pending)):
@@ -260,10 +273,8 @@ def hang_error(pending: list[int], timeout_s: float, finished: list[int],
         if not frames:
             where[r] = "did not answer (busy in native code that holds the GIL?)"
             continue
-        where[r] = describe_frames(frames)
-        while frames[1:] and (frames[0][0].startswith("<frozen") or frames[0][0].endswith("_rank.py")
-                              and frames[0][2] in ("<module>", "main")):
-            frames = frames[1:]  # the bootstrap, up to the call of the user's function
+        where[r] = describe_frames(frames, d.get("state", ""))
+        frames = frames[min(d.get("user_from", 0), len(frames) - 1):]  # from the call of the user's code
         stacks[r] = "".join(f'  File "{f}", line {n}, in {fn}\n'
                             f"    {linecache.getline(f, n).strip()}\n" for f, n, fn in frames)
         if r in pending and any(_in_distributed(f) for f, _, _ in frames):
@@ -282,6 +293,10 @@ def hang_error(pending: list[int], timeout_s: float, finished: list[int],
                 "collectives, in a different order, or with different sizes (see below).")
     else:
         hint = ""
+    if then:
+        hint = (f"{hint.rstrip('.')}; {then}." if hint else
+                f"a collective that not every rank calls never returns; look at the last line each "
+                f"rank printed above; {then}.")
     return RankTimeout(pending, timeout_s, hint, finished=finished, where=where, stacks=stacks,
                        flight=flight)
 
@@ -297,22 +312,17 @@ def _is_user_frame(filename: str) -> bool:
         f"{os.sep}lib{os.sep}python3" not in filename
 
 
-def describe_frames(frames: list[tuple[str, int, str]]) -> str:
+def describe_frames(frames: list[tuple[str, int, str]], state: str = "") -> str:
     """``file:line in function: source`` of the innermost user frame (outermost first input).
 
-    A rank whose function already returned is "returned; ...", so that a rank stuck copying a
-    result off the GPU (NCCL work that never finishes) is told apart from one still in user code.
+    A rank with no user frame is described by ``state``, the label its bootstrap gave the frame it
+    was in (``RANK_STATES``): so a rank stuck copying a result off the GPU (NCCL work that never
+    finishes) is told apart from one that returned, or one still joining the process group.
     """
     users = [fr for fr in frames if _is_user_frame(fr[0])]
-    names = {fn for _, _, fn in frames}
     if not users:
-        if "to_cpu" in names:
-            return ("returned, but copying its result to the CPU waits for GPU work that never "
-                    "finishes (a collective the other ranks did not call)")
-        if "_wait_for_release" in names:
-            return "returned; waiting for the other ranks"
-        if "init_distributed" in names:
-            return "still starting: joining the process group (is the timeout long enough?)"
+        if state in RANK_STATES:
+            return RANK_STATES[state]
         if any("importlib" in f for f, _, _ in frames):
             return "still starting: importing modules (is the timeout long enough?)"
         f, n, fn = frames[-1]

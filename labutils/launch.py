@@ -124,9 +124,9 @@ def _load_result(path: Path, rank: int):
 def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle ``(fn, args, kwargs)``, or say which of them cannot be sent and why."""
     from ._rank import source_map  # lazy: `python -m labutils._rank` must not import it twice
-    from . import compat           # lazy: it imports torch, which a bare `import labutils` does not
+    from . import pickling         # lazy: cloudpickle, needed only to send a payload
     try:
-        payload = compat.dumps((fn, args, kwargs, source_map((fn, args, kwargs))))
+        payload = pickling.dumps((fn, args, kwargs, source_map((fn, args, kwargs))))
         # the ranks put this sys.path first (as multiprocessing's spawn does), so that what the
         # caller can import -- test modules, sys.path.append(...) in a notebook -- they can too
         return pickle.dumps({"sys_path": list(sys.path), "payload": payload},
@@ -138,7 +138,7 @@ def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
         what = "the function or its arguments"
         for label, obj in parts:
             try:
-                compat.dumps(obj)
+                pickling.dumps(obj)
             except Exception:  # noqa: BLE001
                 what = label
                 break
@@ -204,7 +204,7 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     ranks: dict[int, object] = {}
     store = run_dir = None
     try:
-        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        store = procs.LoopbackStore(timeout_s=_config.process_group_timeout(timeout))
         # once a rank runs, the last rank out of a dead launch removes the folder (_rank.watch_parent);
         # a caller killed before that leaves it to the next launch's remove_stale_runs
         procs.remove_stale_runs()
@@ -286,7 +286,7 @@ def _interrupted(ranks: dict, run_dir: Path, relay, transcript: _Transcript) -> 
     where: dict[int, str] = {}
     try:
         diagnostics = procs.request_diagnostics(str(run_dir), ranks, wait_s=1.0)
-        where = {r: errors.describe_frames(d["frames"]) for r, d in diagnostics.items()
+        where = {r: errors.describe_frames(d["frames"], d.get("state", "")) for r, d in diagnostics.items()
                  if d.get("frames")}
     except KeyboardInterrupt:  # a second interrupt: skip the diagnosis, not the cleanup
         pass

@@ -39,11 +39,6 @@ import psutil
 # what a rank's command line contains: launch's ranks and RankPool's workers
 RANK_MODULES = ("labutils._rank", "labutils.pool.worker")
 
-# torch's own timeouts (process group, store) in the ranks are set this much longer than the
-# launch timeout, so that a hang always ends as labutils' RankTimeout (same text under gloo and
-# NCCL), with the ranks still alive to say where they are.
-PG_TIMEOUT_MARGIN_S = 60.0
-
 PARENT_ENV = "LABUTILS_PARENT"  # a rank's launcher, "PID:START_TIME" (set by rank_env)
 RUN_LOCK = "ranks.lock"         # in a launch's run directory: each live rank holds it shared
 RUN_PREFIX = "labutils-"        # a launch's run directory: RUN_PREFIX + "<caller's pid>_" + random

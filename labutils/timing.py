@@ -56,12 +56,13 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
 
 
-def _quantile(sorted_x: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of already sorted data (numpy's default method)."""
-    pos = (len(sorted_x) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_x) - 1)
-    return sorted_x[lo] + (sorted_x[hi] - sorted_x[lo]) * (pos - lo)
+def _deciles(sorted_x: Sequence[float]) -> tuple[float, float]:
+    """p10 and p90, linearly interpolated (numpy's default method: ``statistics.quantiles``'
+    "inclusive"); one sample is its own p10 and p90 (Python < 3.13 refuses it)."""
+    if len(sorted_x) == 1:
+        return sorted_x[0], sorted_x[0]
+    cuts = statistics.quantiles(sorted_x, n=10, method="inclusive")
+    return cuts[0], cuts[-1]
 
 
 def summarize(samples_ms: Sequence[float]) -> Timing:
@@ -78,7 +79,7 @@ def summarize(samples_ms: Sequence[float]) -> Timing:
         raise ValueError(f"timing samples must be finite and >= 0 ms, got {bad[:3]}. "
                          "HINT: did the timed region run on another device than the events?")
     s = sorted(xs)
-    return Timing(tuple(xs), statistics.median(s), s[0], s[-1], _quantile(s, 0.1), _quantile(s, 0.9))
+    return Timing(tuple(xs), statistics.median(s), s[0], s[-1], *_deciles(s))
 
 
 def check_counts(**counts: int) -> None:

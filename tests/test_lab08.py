@@ -358,24 +358,6 @@ def test_ledger_counts_what_each_collective_moves(pool):
     assert volume == 160 and in_params == 2.0 and wire == 80
 
 
-def test_nccl_group_refuses_bad_counts_and_gloo(pool):
-    """``compat.nccl_group`` (lab 02 and lab 08): a clear error for a CTA count that is not a positive int,
-    and for a gloo process group, which has no CTAs; on NCCL it is tested in tests/gpu/test_lab08_gpu.py."""
-    for bad in (0, -2, True, 1.5, "8"):
-        with pytest.raises(ValueError, match="int >= 1"):
-            compat.nccl_group(bad)
-
-    def rank_fn(rank, world_size):
-        from labutils import compat
-        try:
-            compat.nccl_group(4)
-        except RuntimeError as exc:
-            return str(exc)
-        return "no error"
-    for message in pool.run(rank_fn):
-        assert "needs the NCCL backend" in message and "gloo" in message and "HINT" in message
-
-
 def test_zero_with_padding_on_three_ranks(no_leaks):
     """ConvNet's sizes do not all divide by 3: the padded-copy path of shard_of and gather_param."""
     r = labutils.launch(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,

@@ -5,7 +5,12 @@
 * no re-export: outside a package's ``__init__``, a name imported from labutils is used where it
   is imported (a module made only of such imports is the plain case);
 * the top level holds the core only: no module named for a lab or for the benchmark (those live
-  in ``labs/labNN_topic/`` and ``bench/``).
+  in ``labs/labNN_topic/`` and ``bench/``);
+* dependencies run one way, labs -> instruments -> core: nothing in the core (the top level,
+  ``pool/``, ``debugging/``), ``instruments/``, ``bench/`` or ``commands/`` imports ``labs``, ``checks``
+  or ``solutions``, the labs import neither ``checks`` nor ``solutions``, and the core does not import
+  ``instruments`` (function-level imports count);
+* torch's private names (``torch._x``, ``torch.utils._x``, ...) are reached only through ``compat``.
 
 The detector is unit-tested on small synthetic packages, so that each rule is seen to fail.
 """
@@ -20,8 +25,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labutils"
-CORE = {"__init__", "__main__", "_rank", "launch", "procs", "config", "errors", "compat", "timing",
-        "bandwidth", "hw", "recorded", "plots", "debugging", "claims"}
+CORE = {"__init__", "__main__", "_rank", "launch", "procs", "config", "errors", "compat", "pickling",
+        "nccl_groups", "timing", "bandwidth", "hw", "recorded", "plots", "claims"}
 # a top-level module must not be named for a lab's topic or for the benchmark
 LAB_OR_BENCH = re.compile(r"^(bench|lab\d*|tp|tensor|p2p|pipeline|cudacomm|cuda|copybw|overlap)(_|$)")
 
@@ -147,6 +152,71 @@ def top_level_misfits(modules: dict[str, Module], package: str) -> list[str]:
     return bad
 
 
+def layer(name: str) -> str:
+    """The part of the house a module belongs to: ``"labs"``, ``"checks"``, ``"solutions"``,
+    ``"instruments"``, ``"bench"``, ``"commands"``, ``"classroom"``, or ``"core"`` (the top level,
+    ``pool/``, ``debugging/``)."""
+    parts = name.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in PARTS):
+        return parts[1] if parts[1] in PARTS else "core"
+    return "core"
+
+
+PARTS = ("labs", "checks", "solutions", "instruments", "bench", "commands", "classroom")
+HIGH = {"labs", "checks", "solutions"}  # what a learner's notebook imports: nothing below imports it
+# layer -> the layers it must not import (classroom, which releases and grades the exercises, is free)
+FORBIDDEN = {"core": HIGH | {"instruments"}, "instruments": HIGH, "bench": HIGH, "commands": HIGH,
+             "labs": {"checks", "solutions"}}
+
+
+def upward_imports(modules: dict[str, Module]) -> list[str]:
+    """Imports against the direction of the house (``FORBIDDEN``), function-level ones included."""
+    bad = []
+    for mod in modules.values():
+        low = layer(mod.name)
+        for target, _, _, line in imports(mod, modules):
+            if layer(target) in FORBIDDEN.get(low, ()):
+                bad.append(f"{mod.name}:{line} ({low}) imports {target} ({layer(target)})")
+    return sorted(set(bad))
+
+
+def private_torch_uses(modules: dict[str, Module], gateway: str) -> list[str]:
+    """Private torch names (a ``_x`` part of a ``torch...`` import or attribute chain) reached outside
+    the module ``gateway`` (``compat``)."""
+    private = re.compile(r"^_(?!_)")
+
+    def chain(node) -> list[str]:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
+
+    bad = []
+    for mod in modules.values():
+        if mod.name == gateway:
+            continue
+        torch_names = {"torch"}  # names bound to torch or one of its modules in this module
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "torch":
+                        torch_names.add((a.asname or a.name).split(".")[0])
+                        if any(private.match(p) for p in a.name.split(".")):
+                            bad.append(f"{mod.name}:{node.lineno} imports {a.name}")
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+                names = node.module.split(".") + [a.name for a in node.names]
+                if any(private.match(p) for p in names):
+                    bad.append(f"{mod.name}:{node.lineno} imports from {node.module}")
+                torch_names |= {a.asname or a.name for a in node.names}
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Attribute) and private.match(node.attr):
+                names = chain(node)
+                if names and names[0] in torch_names:
+                    bad.append(f"{mod.name}:{node.lineno} uses {'.'.join(names)}")
+    return sorted(set(bad))
+
+
 # ----------------------------------------------------------------------------- the real package
 MODULES = load(PACKAGE)
 
@@ -165,6 +235,14 @@ def test_no_reexports():
 
 def test_top_level_is_the_core():
     assert not top_level_misfits(MODULES, "labutils"), "\n".join(top_level_misfits(MODULES, "labutils"))
+
+
+def test_dependencies_run_one_way():
+    assert not upward_imports(MODULES), "\n".join(upward_imports(MODULES))
+
+
+def test_private_torch_names_only_through_compat():
+    assert not private_torch_uses(MODULES, "labutils.compat"), "\n".join(private_torch_uses(MODULES, "labutils.compat"))
 
 
 def test_layout_has_its_parts():
@@ -224,6 +302,35 @@ def test_detector_finds_lab_and_bench_modules_at_the_top(tmp_path):
         "pkg.bench_ops: a lab's or the benchmark's module at the top level",
         f"pkg.extra: not a core module (core: {', '.join(sorted(CORE))})",
         "pkg.tp_comm: a lab's or the benchmark's module at the top level"]
+
+
+def test_detector_finds_imports_against_the_direction(tmp_path):
+    mods = _package(tmp_path, {"launch.py": "def f():\n    from .labs.lab01 import measure\n",
+                               "pool/__init__.py": "", "pool/worker.py": "from ..instruments import ledger\n",
+                               "instruments/__init__.py": "", "instruments/ledger.py": "from .. import launch\n",
+                               "bench/__init__.py": "", "bench/run.py": "import pkg.checks.lab01\n",
+                               "labs/__init__.py": "", "labs/lab01/__init__.py": "",
+                               "labs/lab01/measure.py": "from ...solutions import lab01\nfrom ...instruments import ledger\n",
+                               "checks/__init__.py": "", "checks/lab01.py": "from ..labs.lab01 import measure\n",
+                               "solutions/__init__.py": "", "solutions/lab01.py": "x = 1\n"})
+    assert upward_imports(mods) == [
+        "pkg.bench.run:1 (bench) imports pkg.checks.lab01 (checks)",
+        "pkg.labs.lab01.measure:1 (labs) imports pkg.solutions.lab01 (solutions)",
+        "pkg.launch:2 (core) imports pkg.labs.lab01.measure (labs)",
+        "pkg.pool.worker:1 (core) imports pkg.instruments.ledger (instruments)"]
+
+
+def test_detector_finds_private_torch_names_outside_compat(tmp_path):
+    mods = _package(tmp_path, {
+        "compat.py": "import torch\nfrom torch.utils import _pytree\nx = torch._C\n",
+        "a.py": "import torch\nfrom torch.utils._python_dispatch import TorchDispatchMode\ntorch.cuda._sleep(1)\n",
+        "b.py": "import torch._C._distributed_c10d as c10d\n",
+        "c.py": "import torch.distributed as dist\nfrom torch.utils import _pytree\ny = dist._world\n",
+        "d.py": "import torch\nclass A:\n    def _own(self): pass\ntorch.cuda.synchronize()\nA()._own()\n"})
+    assert private_torch_uses(mods, "pkg.compat") == [
+        "pkg.a:2 imports from torch.utils._python_dispatch", "pkg.a:3 uses torch.cuda._sleep",
+        "pkg.b:1 imports torch._C._distributed_c10d", "pkg.c:2 imports from torch.utils",
+        "pkg.c:3 uses dist._world"]
 
 
 @pytest.mark.parametrize("name", ["pipeline_bench", "p2p", "cudacomm_analysis", "copybw", "lab03", "tensor_parallel",

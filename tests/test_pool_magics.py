@@ -62,6 +62,13 @@ def test_usage_errors(ip):
         ip.run_cell_magic("ranks", "-r one", "pass")
     with pytest.raises(UsageError):
         ip.run_cell_magic("ranks", "--output loud", "pass")
+    # IPython's magic_arguments: argparse's message, then the usage; an error in the notebook, never SystemExit
+    with pytest.raises(UsageError, match=r"^%ranks: argument --timeout: invalid float value: 'soon'\n    %ranks start"):
+        ip.run_line_magic("ranks", "status --timeout soon")
+    with pytest.raises(UsageError, match=r"^%ranks: argument --output: invalid choice: 'loud' \(choose from"):
+        ip.run_cell_magic("ranks", "--output loud", "pass")
+    with pytest.raises(UsageError, match=r"^%ranks: unrecognized arguments: --frobnicate"):
+        ip.run_cell_magic("ranks", "--frobnicate", "pass")
     assert parse_ranks("0,2-3") == [0, 2, 3]
 
 

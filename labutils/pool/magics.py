@@ -20,9 +20,7 @@ KeyboardInterrupt). A rank's traceback names the cell as ``<%%ranks cell N>``, N
 """
 from __future__ import annotations
 
-import argparse
-import shlex
-
+from IPython.core import magic_arguments as ma
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -31,9 +29,33 @@ from .pool import OUTPUTS, RankPool
 USAGE = __doc__.split("\n\n")[1]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would sys.exit(): a notebook wants an exception
-        raise UsageError(f"%ranks: {message}\n{USAGE}")
+@ma.magic_arguments("%ranks")
+@ma.argument("command", nargs="?", default="status",
+             choices=["start", "stop", "restart", "status", "fetch", "push", "use"])
+@ma.argument("names", nargs="*")
+@ma.argument("--backend", default=None)
+@ma.argument("--timeout", type=float, default=None)
+@ma.argument("-r", "--ranks", default=None)
+def line_arguments():
+    """``%ranks`` (the line magic): start, stop, restart, status, fetch, push or use a pool."""
+
+
+@ma.magic_arguments("%%ranks")
+@ma.argument("-r", "--ranks", default=None)
+@ma.argument("--timeout", type=float, default=None)
+@ma.argument("--fetch", default="")
+@ma.argument("--output", default=None, choices=OUTPUTS)
+def cell_arguments():
+    """``%%ranks`` (the cell magic): run the cell on the selected ranks."""
+
+
+def parse(arguments, line: str):
+    """``line`` parsed with IPython's ``magic_arguments`` (``line_arguments`` or ``cell_arguments``);
+    a mistake raises ``UsageError`` with the usage (in a notebook: an error, never SystemExit)."""
+    try:
+        return ma.parse_argstring(arguments, line)
+    except UsageError as exc:
+        raise UsageError(f"%ranks: {exc}\n{USAGE}") from None
 
 
 def parse_ranks(spec: str) -> list[int]:
@@ -46,26 +68,6 @@ def parse_ranks(spec: str) -> list[int]:
     except ValueError:
         raise UsageError(f"%ranks: cannot read ranks {spec!r}. HINT: e.g. -r 0 or -r 0,1 or -r 0-3.")
     return out
-
-
-def _line_parser() -> _Parser:
-    p = _Parser(prog="%ranks", add_help=False)
-    p.add_argument("command", nargs="?", default="status",
-                   choices=["start", "stop", "restart", "status", "fetch", "push", "use"])
-    p.add_argument("names", nargs="*")
-    p.add_argument("--backend", default=None)
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("-r", "--ranks", default=None)
-    return p
-
-
-def _cell_parser() -> _Parser:
-    p = _Parser(prog="%%ranks", add_help=False)
-    p.add_argument("-r", "--ranks", default=None)
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--fetch", default="")
-    p.add_argument("--output", default=None, choices=OUTPUTS)
-    return p
 
 
 @magics_class
@@ -90,7 +92,7 @@ class RanksMagics(Magics):
     def ranks(self, line: str, cell: str | None = None):
         if cell is not None:
             return self._cell(line, cell)
-        args = _line_parser().parse_args(shlex.split(line))
+        args = parse(line_arguments, line)
         cmd = args.command
         if cmd == "start":
             if len(args.names) > 1 or (args.names and not args.names[0].isdigit()):
@@ -129,7 +131,7 @@ class RanksMagics(Magics):
         return None
 
     def _cell(self, line: str, cell: str) -> None:
-        args = _cell_parser().parse_args(shlex.split(line))
+        args = parse(cell_arguments, line)
         fetch = [n.strip() for n in args.fetch.split(",") if n.strip()]
         pool = self._require_pool()
         values = pool.exec(cell, ranks=self._selected(args.ranks), timeout=args.timeout,

@@ -23,13 +23,12 @@ error, and the next task waits for them.
 from __future__ import annotations
 
 import linecache
-import os
 import threading
 import time
 import weakref
 
 from .. import config as _config
-from ..errors import LaunchConfigError, RankError, RankTimeout
+from ..errors import LaunchConfigError, RankError, RankTimeout, hang_error
 from ..procs import print_rank_lines
 from . import protocol
 from .ranks import Ranks
@@ -37,6 +36,7 @@ from .status import PoolStatus
 from .task import RESTARTED, RanksInterrupted, Task
 
 OUTPUTS = ("grouped", "live", "quiet")
+LONGEST_TASK_S = 600.0  # a pool accepts tasks this long even when its default timeout is shorter
 
 
 def _check_output(output):
@@ -57,6 +57,10 @@ class RankPool:
     Args:
         world_size, backend: as in ``labutils.launch`` (``config.resolve`` picks the defaults).
         timeout: default seconds per ``run``/``exec`` before ``RankTimeout`` (and a restart).
+            The ranks' process group is set up once, for the longest task accepted,
+            ``max(timeout, LONGEST_TASK_S)``; torch's own timeout is longer by the margin launch
+            uses (``config.process_group_timeout``), so that labutils always reports first. A task
+            timeout beyond that is refused (``LaunchConfigError``).
         start_timeout: seconds for the ranks to start (``import torch`` + process group);
             default ``max(timeout, 120)``.
         output: ``"grouped"`` (each rank's lines together, in rank order, when the task ends),
@@ -82,6 +86,7 @@ class RankPool:
         self.start_timeout = _config.check_timeout(start_timeout or max(self.timeout, 120.0), "start_timeout")
         self.output = _check_output(output)
         self.config: _config.LaunchConfig = _config.default_config(world_size, backend, verbose=backend is None)
+        self.pg_timeout_s = _config.process_group_timeout(max(self.timeout, LONGEST_TASK_S))
         self._env = dict(env or {})
         self._holder: list = [None]
         self._finalizer = weakref.finalize(self, _shutdown, self._holder)
@@ -110,7 +115,7 @@ class RankPool:
 
     def _start(self, wait: bool = True) -> None:
         """Spawn fresh ranks; with ``wait``, wait until they are ready (else the next task does)."""
-        ranks = Ranks(self.config.world_size, self.config.backend, self.timeout, self._env)
+        ranks = Ranks(self.config.world_size, self.config.backend, self.pg_timeout_s, self._env)
         ranks.spawn()
         self._holder[0] = ranks
         if wait:
@@ -186,13 +191,16 @@ class RankPool:
         the CPU), each rank's output printed with ``[rank r]`` prefixes.
 
         Args:
-            timeout: seconds (default: the pool's); then ``RankTimeout`` and a restart.
+            timeout: seconds (default: the pool's); then ``RankTimeout`` (with ``.where``,
+                ``.stacks``, ``.flight``, as ``launch``'s) and a restart. At most the longest task
+                the pool's process group was set up for (``RankPool(timeout=...)``).
             ranks: run on these ranks only (int or list); default all. Collectives must then be
                 limited to them (``dist.new_group``), or they never return.
             output: ``"grouped"``/``"live"``/``"quiet"`` (default: the pool's).
 
         Raises:
-            LaunchConfigError: bad arguments, closed pool, or fn/args that cannot be pickled.
+            LaunchConfigError: bad arguments, closed pool, fn/args that cannot be pickled, or a
+                timeout that the ranks' process group cannot honour (the HINT says what can).
             RankError: a rank raised (pool kept if every other rank returned, else restarted)
                 or died (pool restarted). The message says which.
             RankTimeout: ranks did not finish in time; the pool was restarted.
@@ -202,10 +210,9 @@ class RankPool:
         if not callable(fn):
             raise LaunchConfigError(f"fn must be callable, got {fn!r}. "
                                     "HINT: pass the function itself: run(my_fn), not run(my_fn()).")
-        code = getattr(fn, "__code__", None)  # its cell's text, for the ranks' tracebacks
-        filename = code.co_filename if code else ""
-        lines = linecache.getlines(filename) if filename and not os.path.exists(filename) else []
-        body = self._dumps((fn, args, dict(kwargs or {}), filename, lines),
+        from .._rank import source_map  # as launch: the ranks' tracebacks show the cells' lines
+        kwargs = dict(kwargs or {})
+        body = self._dumps((fn, args, kwargs, source_map((fn, args, kwargs))),
                            "the function or its arguments")
         return self._submit("call", body, ranks, timeout, output)
 
@@ -225,6 +232,8 @@ class RankPool:
         fetch = [fetch] if isinstance(fetch, str) else list(fetch)
         filename = filename or f"<ranks cell {self._task_id + 1}>"
         compile(code, filename, "exec")  # a SyntaxError is raised here, not once per rank
+        if code:  # the cell's lines here too: RankTimeout.where / .stacks quote them
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         body = self._dumps((code, filename, dict(push or {}), fetch), "the pushed values")
         return self._submit("exec", body, ranks, timeout, output)
 
@@ -259,6 +268,7 @@ class RankPool:
 
     def _submit(self, kind: str, body: bytes, ranks, timeout, output) -> list:
         timeout = self.timeout if timeout is None else _config.check_timeout(timeout)
+        _config.check_task_timeout(timeout, self.pg_timeout_s)
         output = _check_output(output or self.output)
         sel = self._check_ranks(ranks)
         self._require_open()
@@ -297,6 +307,10 @@ class RankPool:
         task.collect_output()  # all of it: a dead rank's last words explain its death
         error = task.error(outcome) if (task.dead or task.failures) else None
         restart = outcome in ("dead", "stuck", "timeout", "interrupted-stuck")
+        if outcome == "timeout":  # before the kill: where each rank is, as launch's RankTimeout says
+            pending = sorted(task.pending or task.unended)
+            error = hang_error(pending, task.timeout, [r for r in task.selected if r not in pending],
+                               task.ranks.diagnose(task.selected), then=RESTARTED)
         if restart:
             self._kill()
         task.print_output()  # before the new ranks say anything
@@ -307,10 +321,6 @@ class RankPool:
             running = task.interrupted or task.selected
             stuck = sorted(set(task.pending) | set(task.dead)) or running
             raise RanksInterrupted(running, stuck if outcome == "interrupted-stuck" else [])
-        if outcome == "timeout":
-            raise RankTimeout(sorted(task.pending or task.unended), task.timeout, hint=(
-                "a collective that not every rank calls never returns; look at the last line "
-                f"each rank printed above; {RESTARTED}."))
         if error is not None:
             raise error
         return [task.results[r] for r in task.selected]

@@ -31,6 +31,8 @@ import socket
 import struct
 from multiprocessing import connection as mpc
 
+from .. import pickling
+
 
 TOKEN_BYTES = 32
 HANDSHAKE_S = 5.0  # a peer that stalls the challenge is dropped after this many seconds
@@ -44,8 +46,7 @@ def new_token() -> bytes:
 
 def dumps(obj) -> bytes:
     """cloudpickle ``obj`` (functions and classes from notebook cells go by value)."""
-    from .. import compat  # lazy: it imports torch
-    return compat.dumps(obj)
+    return pickling.dumps(obj)
 
 
 def pack(kind: str, task_id: int = 0, body: bytes = b"") -> bytes:

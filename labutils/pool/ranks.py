@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing import connection as mpc
 
@@ -27,20 +29,25 @@ from . import protocol
 START_HINT = ("the ranks could not start (import torch + process group set-up). Under NCCL check "
               "that every GPU is visible and free (nvidia-smi); run the same code with "
               "labutils.launch to see the error on its own.")
+DIAGNOSE_WAIT_S = 2.0  # on a timeout, wait this long for the ranks to say where they are (as launch)
 
 
 class Ranks:
-    """One generation of pool ranks (see the module docstring). ``start`` (= ``spawn`` +
-    ``wait_ready``) raises with every process killed; ``kill``/``stop`` are idempotent.
+    """One generation of pool ranks (see the module docstring). ``spawn`` then ``wait_ready``
+    (which raises with every process killed); ``kill``/``stop`` are idempotent.
 
     Attributes:
         ready: every rank joined the process group and connected.
         start_s: seconds from ``spawn`` until ready (0 until then).
+        pg_timeout_s: torch's process-group timeout in the ranks (``config.process_group_timeout``
+            of the longest task they accept).
+        run_dir: the generation's directory, where the ranks answer ``diagnose`` (removed by ``kill``).
     """
 
-    def __init__(self, world_size: int, backend: str, timeout_s: float, env: dict | None = None):
+    def __init__(self, world_size: int, backend: str, pg_timeout_s: float, env: dict | None = None):
         self.world_size, self.backend, self.env = world_size, backend, env
-        self.pg_timeout_s = max(float(timeout_s), 600.0)  # collectives may wait up to this long
+        self.pg_timeout_s = float(pg_timeout_s)
+        self.run_dir = ""
         self.procs: list[subprocess.Popen] = []
         self.conns: dict[int, mpc.Connection] = {}
         self.pids: list[int] = []
@@ -57,18 +64,15 @@ class Ranks:
         self.ready = False
         self.failed_output: list[tuple[int, str]] = []
 
-    def start(self, start_timeout_s: float) -> list[tuple[int, str]]:
-        """Spawn, authenticate and wait for every rank's process group; returns their output."""
-        self.spawn()
-        return self.wait_ready(start_timeout_s)
-
     def spawn(self) -> None:
         """Start the rank processes and return; they join the process group on their own."""
         token = protocol.new_token()
         self.server = protocol.ControlServer(token)
-        hello = (json.dumps({"address": list(self.server.address), "token": token.hex()}) + "\n").encode()
         self.spawned_at = time.monotonic()
         try:
+            self.run_dir = tempfile.mkdtemp(prefix="labutils-pool-")
+            hello = (json.dumps({"address": list(self.server.address), "token": token.hex(),
+                                 "run_dir": self.run_dir}) + "\n").encode()
             self.store = procs.LoopbackStore(timeout_s=self.pg_timeout_s)
             for r in range(self.world_size):
                 p = subprocess.Popen(
@@ -242,6 +246,14 @@ class Ranks:
         except subprocess.TimeoutExpired:
             return None
 
+    def diagnose(self, ranks, wait_s: float = DIAGNOSE_WAIT_S) -> dict[int, dict]:
+        """Ask these ranks where they are (``procs.request_diagnostics``, as ``launch`` does on a
+        hang): ``{rank: {"frames", "user_from", "state", "flight"}}`` for those that answered. Each
+        generation answers once: ask just before killing it."""
+        if not self.run_dir:
+            return {}
+        return procs.request_diagnostics(self.run_dir, {r: self.procs[r] for r in ranks}, wait_s)
+
     def stop(self, grace_s: float = 3.0) -> None:
         """Ask every rank to leave the process group and exit; kill what is left after ``grace_s``."""
         for r in list(self.conns):
@@ -268,3 +280,6 @@ class Ranks:
         if self.store is not None:
             self.store.close()
             self.store = None
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = ""

@@ -1,7 +1,9 @@
-"""One persistent rank of a ``RankPool``: ``python -m labutils.pool.worker RANK WORLD_SIZE BACKEND PORT TIMEOUT``.
+"""One persistent rank of a ``RankPool``: ``python -m labutils.pool.worker RANK WORLD_SIZE BACKEND PORT PG_TIMEOUT``.
 
-Reads ``{"address": [host, port], "token": hex}`` from stdin, joins the process group
-(``_rank.init_distributed``: one GPU per rank under NCCL), then connects to the notebook's control
+Reads ``{"address": [host, port], "token": hex, "run_dir": path}`` from stdin, starts answering
+``run_dir/diagnose`` as launch's ranks do (``_rank.serve_diagnostics``: where it is, its flight
+record), joins the process group (``_rank.init_distributed``: one GPU per rank under NCCL, torch's
+timeout ``PG_TIMEOUT``), then connects to the notebook's control
 channel and says ``ready`` (or ``failed``, with the error) -- in that order, so that the slow part of a
 start needs nothing from the notebook, which may be busy elsewhere meanwhile -- then serves tasks
 until told to stop or until the notebook goes away:
@@ -24,9 +26,8 @@ import os
 import pickle
 import signal
 import sys
-import types
 
-from .._rank import error_info, init_distributed, to_cpu, watch_parent
+from .._rank import error_info, init_distributed, restore_sources, serve_diagnostics, to_cpu, watch_parent
 from . import protocol
 
 _busy = False  # True while a task runs: only then does SIGINT raise KeyboardInterrupt
@@ -61,26 +62,10 @@ def run_cell(code: str, filename: str, ns: dict) -> None:
             print(repr(value))
 
 
-def restore_source(fn, filename: str, lines: list[str]) -> None:
-    """Give ``fn`` (and the code nested in it) back its file name, and its source to linecache.
-
-    cloudpickle renames the file of every function it sends by value to ``<dynamic-code>``;
-    with the notebook cell's name and text restored, a rank's traceback shows the failing line.
-    """
-    def rename(code):
-        consts = tuple(rename(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-        return code.replace(co_filename=filename, co_consts=consts)
-
-    if filename and isinstance(fn, types.FunctionType):
-        fn.__code__ = rename(fn.__code__)
-        if lines:  # a notebook cell (a file on disk is read from there)
-            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-
-
 def _execute(kind: str, body: bytes, ns: dict, rank: int, world_size: int):
     if kind == "call":
-        fn, args, kwargs, filename, lines = pickle.loads(body)
-        restore_source(fn, filename, lines)
+        fn, args, kwargs, smap = pickle.loads(body)
+        restore_sources((fn, args, kwargs), smap)  # as launch's ranks: cells' files and lines back
         return fn(rank, world_size, *args, **kwargs)
     code, filename, push, fetch = pickle.loads(body)
     ns.update(push)
@@ -132,6 +117,11 @@ def main(argv: list[str]) -> None:
     watch_parent()
     signal.signal(signal.SIGINT, _on_sigint)
     cfg = json.loads(sys.stdin.readline())
+    # the same answer as launch's ranks give on a hang (RankTimeout.where / .stacks / .flight);
+    # frames are recognised by their code objects
+    serve_diagnostics(cfg["run_dir"], rank, backend, entry=[_execute.__code__, run_cell.__code__], states={
+        init_distributed.__code__: "starting", main.__code__: "idle", serve_task.__code__: "running",
+        to_cpu.__code__: "returning"})
     devnull = os.open(os.devnull, os.O_RDONLY)  # input() in a cell gets EOF instead of hanging
     os.dup2(devnull, 0)
     os.close(devnull)

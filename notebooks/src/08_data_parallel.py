@@ -269,7 +269,7 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 #
 # **Who gets the SMs.** NCCL picks its CTA count for the collective's own bandwidth. The sweep has two axes:
 # `bucket_cap_mb` on NCCL's default communicator, then the best cap again on a communicator whose collectives
-# use exactly 8 CTAs (`compat.nccl_group(ctas)` sets NCCL's `min_ctas = max_ctas`; DDP takes the group as
+# use exactly 8 CTAs (`nccl_groups.nccl_group(ctas)` sets NCCL's `min_ctas = max_ctas`; DDP takes the group as
 # `process_group=`). Fewer CTAs hold fewer SMs, but every all-reduce takes longer (the *all-reduce alone*
 # column), so it sits beside backward — on its SMs and in its memory traffic — for longer. Which of the two
 # wins shows in the stretch and in the step.

@@ -1,7 +1,7 @@
 """Lab 08 on real GPUs: data parallelism by hand, DDP, ZeRO-1/2 and FSDP2 over NCCL against one device /
 DDP (float64), the collective ledger and the profiler trace on CUDA, and the three measurement functions
 on a small transformer (structure, volumes, the memory a bucket view saves; no timing asserts),
-``compat.nccl_group``. Skipped without 2 GPUs.
+``nccl_groups.nccl_group``. Skipped without 2 GPUs.
 
 Run: pytest tests/gpu/test_lab08_gpu.py -q     (>= 2 GPUs; ~1 min, one NCCL pool for the module)
 """
@@ -75,13 +75,13 @@ def test_zero_and_fsdp2_over_nccl(pool):
 
 
 def test_nccl_group_with_a_fixed_cta_count():
-    """``compat.nccl_group(ctas)`` (lab 02's paths and lab 08's CTA sweep): a working communicator over all
+    """``nccl_groups.nccl_group(ctas)`` (lab 02's paths and lab 08's CTA sweep): a working communicator over all
     ranks; DDP on it averages like DDP on the default group."""
     def rank_fn(rank, world_size):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from labutils import compat
-        group = compat.nccl_group(2)
+        from labutils import nccl_groups
+        group = nccl_groups.nccl_group(2)
         t = torch.full((1 << 20,), float(rank + 1), device="cuda")
         dist.all_reduce(t, group=group)
         summed = bool((t == world_size * (world_size + 1) / 2).all())

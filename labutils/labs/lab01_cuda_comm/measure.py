@@ -148,10 +148,10 @@ def host_steps(pieces: list, setup: CommSetup) -> dict:
 
     Returns ``{"count": len(pieces), "steps": {name: timing dict}}``.
     """
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-    flat = _flatten_dense_tensors(pieces)
-    steps = {"flatten (one torch.cat)": lambda: _flatten_dense_tensors(pieces),
-             "unflatten (a view per tensor)": lambda: _unflatten_dense_tensors(flat, pieces)}
+    from ...compat import flatten_dense_tensors, unflatten_dense_tensors
+    flat = flatten_dense_tensors(pieces)
+    steps = {"flatten (one torch.cat)": lambda: flatten_dense_tensors(pieces),
+             "unflatten (a view per tensor)": lambda: unflatten_dense_tensors(flat, pieces)}
     return {"count": len(pieces),
             "steps": {name: _t(time_on_devices(fn, setup, warmup=1, iters=1, repeat=3)) for name, fn in steps.items()}}
 

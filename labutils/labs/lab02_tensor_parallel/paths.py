@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from ... import bandwidth, timing
-from ...compat import all_gather_into_tensor, nccl_group
+from ...compat import all_gather_into_tensor
+from ...nccl_groups import nccl_group
 from ...config import rank_device
 
 

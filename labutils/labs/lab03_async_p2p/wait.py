@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ... import timing
+from ... import compat, timing
 from ...config import rank_device
 
 
@@ -52,9 +52,9 @@ def wait_semantics_gloo(rank: int, world_size: int, delay_s: float = 0.3) -> dic
 def _sleep_cycles_per_ms() -> float:
     """Clock cycles of ``torch.cuda._sleep`` per millisecond on this GPU (measured, not assumed)."""
     clock = timing.Clock("cuda")
-    torch.cuda._sleep(1000)
+    compat.cuda_sleep(1000)
     a = clock.mark()
-    torch.cuda._sleep(20_000_000)
+    compat.cuda_sleep(20_000_000)
     b = clock.mark()
     clock.synchronize()
     return 20_000_000 / clock.elapsed_ms(a, b)
@@ -77,7 +77,7 @@ def wait_semantics_nccl(rank: int, world_size: int, delay_ms: float = 100.0,
     dist.barrier()
     if rank == 0:
         x = torch.zeros(1 << 20, device=dev)
-        torch.cuda._sleep(cycles)  # the data is "computed" late, on the GPU
+        compat.cuda_sleep(cycles)  # the data is "computed" late, on the GPU
         x.fill_(1.0)
         dist.isend(x, dst=1).wait()
     elif rank == 1:
@@ -107,7 +107,7 @@ def wait_semantics_nccl(rank: int, world_size: int, delay_ms: float = 100.0,
     elif rank == 1:
         buf = torch.zeros(race_numel, device=dev)
         torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)  # the receive is posted late (NCCL's stream waits for ours)
+        compat.cuda_sleep(cycles)  # the receive is posted late (NCCL's stream waits for ours)
         dist.irecv(buf, src=0).wait()
         out["send_race_fraction"] = float((buf == -1).double().mean())
     torch.cuda.synchronize()

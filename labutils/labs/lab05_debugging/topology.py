@@ -11,8 +11,8 @@ of NCCL 2.2x; they explain the numbers a log shows.
 """
 from __future__ import annotations
 
-from ...debugging import NCCL_LOC_GBPS as LOC_GBPS  # LOC_BW: a node to itself, or a local attachment
-from ...debugging import NcclLog, TopoLink, TopoPath
+from ...debugging.nccl_log import NCCL_LOC_GBPS as LOC_GBPS  # LOC_BW: a node to itself, or a local attachment
+from ...debugging.nccl_log import NcclLog, TopoLink, TopoPath
 
 # NCCL's constants (src/graph/topo.h), GB/s: what NCCL assumes, not what was measured.
 NVLINK_GBPS_PER_LINK = {           # SMxx_NVLINK_BW: one NVLink, one direction, per GPU generation

@@ -12,7 +12,7 @@ import statistics
 import sys
 
 from ... import timing
-from ...compat import dumps
+from ...pickling import dumps
 from ...launch import launch
 
 

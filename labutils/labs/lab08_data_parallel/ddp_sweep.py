@@ -5,7 +5,7 @@ each timed and (on GPUs) traced, then the fastest configuration's memory and a p
 1. **one GPU**: the plain model (no DDP), each sample the slowest rank's -- the compute-only step.
 2. **bucket caps** ``cfg["bucket_caps_mb"]`` on NCCL's default CTA count (the world's communicator).
 3. **CTAs** ``cfg["ctas"]``: the best cap of step 2 again, DDP on a communicator whose collectives use
-   that many CTAs (``compat.nccl_group``: fewer SMs for NCCL, each all-reduce longer). NCCL only.
+   that many CTAs (``nccl_groups.nccl_group``: fewer SMs for NCCL, each all-reduce longer). NCCL only.
 
 Each configuration (``_configuration``) is a fresh model and DDP wrapper: its buckets (read by the
 ledger); its step and the same step under ``no_sync()``, timed in turn sample by sample
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labutils import compat, timing
+from labutils import nccl_groups, timing
 from labutils.config import rank_device
 
 from . import memory, overlap, steps, trace
@@ -142,7 +142,7 @@ def ddp_rank(rank, world_size, cfg: dict, trace_dir: str | None) -> dict:
     groups = {None: None}
     try:
         if on_gpu:
-            groups.update({c: compat.nccl_group(c) for c in cfg.get("ctas", ())})
+            groups.update({c: nccl_groups.nccl_group(c) for c in cfg.get("ctas", ())})
         sweep, summaries = [], []
 
         def run(cap, ctas):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from ...compat import TorchDispatchMode
 
 # c10d operator -> (our name, which tensor argument is "S", volume factor)
 _OPS = {

@@ -24,9 +24,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ... import bandwidth
+from ... import bandwidth, compat
+from ...compat import TorchDispatchMode
 
 # c10d ops (what torch.distributed's Python functions call) -> the collective's name in bandwidth.
 _C10D = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather", "allgather_": "all_gather",
@@ -78,7 +78,7 @@ class WireLedger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if compat.is_higher_order_operator(func):
             return func(*args, **kwargs)
         if any(issubclass(t, DTensor) for t in types):
             # A mode runs before tensor subclasses: step aside, let DTensor turn the op into collectives
