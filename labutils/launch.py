@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import errors, procs
+from . import errors, procs, rendezvous
 from . import config as _config
 from .errors import LaunchConfigError
 
@@ -213,13 +213,12 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     try:
         run_dir = Path(tempfile.mkdtemp(prefix="labutils-"))
         (run_dir / "payload.pkl").write_bytes(payload)
-        store = procs.LoopbackStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
-        port_for_env = procs.free_loopback_port() if init == "none" else store.port
+        store = rendezvous.PrivateStore(timeout_s=timeout + procs.PG_TIMEOUT_MARGIN_S)
+        port_for_env = procs.free_loopback_port()  # MASTER_PORT: init="none" fn's own rendezvous
         for r in range(cfg.world_size):
-            child_env = procs.rank_env(r, cfg.world_size, store.port, cfg.backend, env)
-            child_env["MASTER_PORT"] = str(port_for_env)  # init="none": fn's own rendezvous port
+            child_env = procs.rank_env(r, cfg.world_size, port_for_env, cfg.backend, env)
             ranks[r] = procs.spawn_rank([str(run_dir), str(r), str(cfg.world_size), cfg.backend,
-                                         str(store.port), str(timeout), init], child_env)
+                                         store.address, str(timeout), init], child_env)
             relay.watch(r, ranks[r].stdout)
         return _supervise(ranks, run_dir, relay, transcript, timeout)
     except KeyboardInterrupt:

@@ -127,8 +127,8 @@ def serve_task(kind: str, task_id: int, body: bytes, ns: dict, rank: int, world_
 
 
 def main(argv: list[str]) -> None:
-    rank, world_size, backend, port, timeout_s = argv
-    rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
+    rank, world_size, backend, address, timeout_s = argv
+    rank, world_size, timeout_s = int(rank), int(world_size), float(timeout_s)
     watch_parent()
     signal.signal(signal.SIGINT, _on_sigint)
     cfg = json.loads(sys.stdin.readline())
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> None:
     os.close(devnull)
     failure = None
     try:
-        init_distributed(rank, world_size, backend, port, timeout_s, eager=True)
+        init_distributed(rank, world_size, backend, address, timeout_s, eager=True)
         ns = make_namespace(rank, world_size, backend)
     except BaseException as exc:  # noqa: BLE001
         failure = error_info(exc)

@@ -1,0 +1,63 @@
+"""Where a launch's or a pool's ranks meet: a store only the owner's processes can open.
+
+A TCP store on 127.0.0.1 is open to every user of the machine: on a shared workshop node another
+learner's process could connect to it, join the group as a rank, or overwrite its keys. So the
+ranks meet in a ``torch.distributed.FileStore`` whose file lies in a fresh directory made by
+``tempfile.mkdtemp`` (mode 0700: only the owner -- and root -- can enter it). Knowing its path
+(a rank's command line shows it to ``ps``) opens nothing. Gloo and NCCL take any ``Store``: NCCL
+exchanges its unique id through it, gloo its peers' addresses.
+
+    owner = PrivateStore(timeout_s=300)     # in the caller (launch, RankPool)
+    store = join(owner.address, 300)        # in each rank, before init_process_group(store=...)
+    owner.close()                           # when the ranks are gone: the directory goes with it
+
+torchrun's ``env://`` rendezvous is left to torchrun.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from datetime import timedelta
+
+STORE_FILE = "store"
+
+
+class PrivateStore:
+    """A FileStore in a directory only this user can enter (0700), for one generation of ranks.
+
+    Attributes:
+        address: what the ranks pass to ``join`` (the store file's path).
+        directory: the private directory holding it; removed by ``close``.
+    """
+
+    def __init__(self, timeout_s: float = 300.0):
+        self.timeout_s = float(timeout_s)
+        self.directory = tempfile.mkdtemp(prefix="labutils-rdzv-")
+        os.chmod(self.directory, 0o700)  # mkdtemp's mode already; said here because it is the point
+        self.address = os.path.join(self.directory, STORE_FILE)
+
+    def close(self) -> None:
+        """Remove the directory and the store file (idempotent); ranks still holding it keep their
+        open descriptor, nobody new can join."""
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def join(address: str, timeout_s: float):
+    """The store a rank passes to ``init_process_group(store=...)``: ``address`` from ``PrivateStore``.
+
+    The number of workers is left open (-1): the file is never deleted by a rank leaving, only by
+    the owner's ``close``.
+    """
+    import torch.distributed as dist
+    store = dist.FileStore(address, -1)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store
