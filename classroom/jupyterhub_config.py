@@ -8,6 +8,7 @@ Everything a class changes is an environment variable (defaults in brackets):
     LABS_HUB_IP [0.0.0.0]  LABS_HUB_PORT [8000]       where learners' browsers connect
     LABS_HUB_API_PORT, LABS_PROXY_API_PORT [8081, 8001] the hub's and the proxy's own, on 127.0.0.1
     LABS_SLICE_SIZE [2]                               GPUs per learner (8 GPUs -> 4 learners of 2)
+    LABS_EXCLUDE_GPUS                                 GPUs in no slice, e.g. "5" (a broken one)
     LABUTILS_FAKE_GPUS                                a fake topology ("8") to plan or test without GPUs
     LABS_SPAWNER [systemd]                            systemd | docker | local (no limits: tests only)
     LABS_MEM_LIMIT [node memory / slices]             e.g. "48G"; LABS_CPU_LIMIT [cores / slices]
@@ -66,7 +67,8 @@ if env("LABS_ADMINS"):
 
 # --- the slices: planned once from the node's topology, held by learner in STATE/slices.json
 TOPOLOGY = slices.read_topology()
-PLAN = slices.plan_slices(TOPOLOGY, int(env("LABS_SLICE_SIZE", "2"))) if TOPOLOGY.count else []
+EXCLUDE = [int(g) for g in env("LABS_EXCLUDE_GPUS", "").split(",") if g.strip()]  # broken GPUs
+PLAN = slices.plan_slices(TOPOLOGY, int(env("LABS_SLICE_SIZE", "2")), exclude=EXCLUDE) if TOPOLOGY.count else []
 BOOK = slices.SliceBook(PLAN, os.path.join(STATE, "slices.json"))
 n_seats = max(len(PLAN), 1)
 c.Spawner.mem_limit = env("LABS_MEM_LIMIT", f"{int(psutil.virtual_memory().total / n_seats / 2**30)}G")
@@ -78,6 +80,7 @@ c.Spawner.http_timeout = 90
 
 if SPAWNER == "systemd":
     c.JupyterHub.spawner_class = "systemdspawner.SystemdSpawner"
+    c.SystemdSpawner.unit_name_template = "jupyter-{USERNAME}-singleuser"  # systemctl status <this>
     c.SystemdSpawner.isolate_tmp = True          # a private /tmp per learner
     c.SystemdSpawner.disable_user_sudo = True
     c.SystemdSpawner.cmd = [os.path.join(BIN, "jupyterhub-singleuser")]

@@ -67,6 +67,15 @@ def test_bad_plans_say_why(size, learners, words):
         sl.plan_slices(sl.fake_topology("8"), size, learners)
 
 
+def test_a_broken_gpu_is_left_out_and_the_rest_still_pair_by_links():
+    topo = sl.fake_topology("8:0-2=NV4,1-3=NV4,4-6=NV4,5-7=NV4,*=SYS")
+    plan = sl.plan_slices(topo, 2, exclude=[5])
+    assert sorted(plan)[:3] == [(0, 2), (1, 3), (4, 6)] and len(plan) == 3
+    assert all(5 not in s for s in plan)
+    with pytest.raises(sl.SliceError, match="cannot exclude GPU 9"):
+        sl.plan_slices(topo, 2, exclude=[9])
+
+
 def test_no_gpus_no_slices():
     with pytest.raises(sl.SliceError, match="no GPUs"):
         sl.plan_slices(sl.Topology(0), 2)

@@ -23,6 +23,8 @@ OK, FAIL = "OK", "FAIL"
 def add_arguments(parser) -> None:
     parser.add_argument("--slice-size", type=int, default=2, help="GPUs per learner (default 2)")
     parser.add_argument("--learners", type=int, default=None, help="check only this many slices")
+    parser.add_argument("--exclude", default="", metavar="GPUS",
+                        help="GPUs in no slice, e.g. 5 or 5,6 (as the hub's LABS_EXCLUDE_GPUS)")
     parser.add_argument("--hub-state", default=None, metavar="FILE",
                         help="the hub's slice assignment (classroom/jupyterhub_config.py writes it)")
     parser.add_argument("--mine", action="store_true",
@@ -91,6 +93,13 @@ def check_slice(topo: sl.Topology, gpus: tuple, min_free_gib: float, timeout_s: 
     return (FAIL if problems else OK), "  ".join(parts) + ("  -- " + "; ".join(problems) if problems else "")
 
 
+def parse_gpus(text: str) -> list[int]:
+    try:
+        return [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise sl.SliceError(f"--exclude {text!r} is not a list of GPU indices. HINT: --exclude 5,6") from None
+
+
 def mine_gpus(topo: sl.Topology) -> tuple:
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
@@ -118,7 +127,8 @@ def check(args) -> int:
     elif args.mine:
         named = {os.environ.get("USER", "this process"): mine_gpus(topo)}
     else:
-        named = {f"slice {k}": s for k, s in enumerate(sl.plan_slices(topo, args.slice_size, args.learners))}
+        plan = sl.plan_slices(topo, args.slice_size, args.learners, exclude=parse_gpus(args.exclude))
+        named = {f"slice {k}": s for k, s in enumerate(plan)}
     bad = [g for s in named.values() for g in s if g >= topo.count]
     if bad:
         raise sl.SliceError(f"GPU {bad[0]} is not on this node (it has {topo.count}). "

@@ -171,11 +171,25 @@ def worst_link(topo: Topology, gpus) -> str:
     return max((topo.link(i, j) for i, j in pairs), key=link_cost, default="-")
 
 
-def plan_slices(topo: Topology, slice_size: int = 2, learners: int | None = None) -> list[tuple]:
+def plan_slices(topo: Topology, slice_size: int = 2, learners: int | None = None,
+                exclude=()) -> list[tuple]:
     """Disjoint slices of ``slice_size`` GPUs, as many as fit (or ``learners`` of them).
 
-    GPUs left over (count not a multiple of the size) are in no slice.
+    GPUs left over (count not a multiple of the size) and those in ``exclude`` (a broken GPU) are
+    in no slice.
     """
+    exclude = sorted(set(int(g) for g in exclude))
+    if exclude:
+        bad = [g for g in exclude if not 0 <= g < topo.count]
+        if bad:
+            raise SliceError(f"cannot exclude GPU {bad[0]}: the node has GPUs 0..{topo.count - 1}. "
+                             f"HINT: exclude NVML indices, as nvidia-smi numbers them.")
+        keep = [g for g in range(topo.count) if g not in exclude]
+        sub = Topology(len(keep), {(a, b): topo.link(keep[a], keep[b])
+                                   for a in range(len(keep)) for b in range(a + 1, len(keep))})
+        if not keep:
+            raise SliceError(f"every GPU is excluded ({exclude}). HINT: exclude only the broken ones.")
+        return [tuple(keep[g] for g in s) for s in plan_slices(sub, slice_size, learners)]
     if isinstance(slice_size, bool) or not isinstance(slice_size, int) or slice_size < 1:
         raise SliceError(f"slice size must be a whole number of GPUs >= 1, got {slice_size!r}. "
                          f"HINT: 2 gives each learner a pair.")
