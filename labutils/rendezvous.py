@@ -11,7 +11,9 @@ exchanges its unique id through it, gloo its peers' addresses.
     store = join(owner.address, 300)        # in each rank, before init_process_group(store=...)
     owner.close()                           # when the ranks are gone: the directory goes with it
 
-torchrun's ``env://`` rendezvous is left to torchrun.
+torchrun's ``env://`` rendezvous is left to torchrun. A caller killed outright (a kernel restart
+that ends in SIGKILL) cannot remove its directory; the directory's name carries the caller's pid,
+and the next ``PrivateStore`` of the same user removes those whose caller is gone.
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ import os
 import shutil
 import tempfile
 from datetime import timedelta
+from pathlib import Path
 
 STORE_FILE = "store"
+PREFIX = "labutils-rdzv-"
 
 
 class PrivateStore:
@@ -33,7 +37,8 @@ class PrivateStore:
 
     def __init__(self, timeout_s: float = 300.0):
         self.timeout_s = float(timeout_s)
-        self.directory = tempfile.mkdtemp(prefix="labutils-rdzv-")
+        remove_stale()
+        self.directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
         os.chmod(self.directory, 0o700)  # mkdtemp's mode already; said here because it is the point
         self.address = os.path.join(self.directory, STORE_FILE)
 
@@ -61,3 +66,19 @@ def join(address: str, timeout_s: float):
     store = dist.FileStore(address, -1)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
+
+
+def remove_stale(parent: str | None = None) -> list[str]:
+    """Remove this user's store directories whose caller has died; returns what was removed."""
+    import psutil
+    removed = []
+    for path in Path(parent or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        try:
+            pid = int(path.name[len(PREFIX):].split("-", 1)[0])
+            if path.stat().st_uid != os.geteuid() or psutil.pid_exists(pid):
+                continue
+        except (ValueError, OSError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    return removed
