@@ -74,6 +74,8 @@ n_seats = max(len(PLAN), 1)
 c.Spawner.mem_limit = env("LABS_MEM_LIMIT", f"{int(psutil.virtual_memory().total / n_seats / 2**30)}G")
 c.Spawner.cpu_limit = float(env("LABS_CPU_LIMIT", str(max(1, (os.cpu_count() or 1) // n_seats))))
 c.JupyterHub.concurrent_spawn_limit = n_seats
+if PLAN:
+    c.JupyterHub.active_server_limit = len(PLAN)  # one running server per slice
 c.Spawner.default_url = "/lab/tree/my-labs"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90

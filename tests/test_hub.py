@@ -57,7 +57,8 @@ def _why_skip() -> str | None:
 
 
 WHY = _why_skip()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"hub test skipped: {WHY}")
+pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"hub test skipped: {WHY}"),
+              pytest.mark.timeout(600)]  # about 2.5 min on 2 loaded cores; the hub is stopped on timeout too
 
 
 def _chromium() -> str | None:

@@ -26,8 +26,9 @@ import unix_users
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
 
-pytestmark = pytest.mark.skipif(unix_users.reason_unavailable() is not None,
-                                reason=str(unix_users.reason_unavailable()))
+pytestmark = [pytest.mark.skipif(unix_users.reason_unavailable() is not None,
+                                 reason=str(unix_users.reason_unavailable())),
+              pytest.mark.timeout(300)]
 
 # Runs as the other user: argv[1] is JSON {"ports": [...]}. Prints JSON {attempt: outcome}.
 INTRUDER = r'''
