@@ -19,7 +19,7 @@ Everything a class changes is an environment variable (defaults in brackets):
     LABS_DOCKER_IMAGE                                 the learners' image (LABS_SPAWNER=docker)
 
 Each learner's server starts with its slice in ``CUDA_VISIBLE_DEVICES`` (disjoint, best-linked pairs
-from NVML: ``labutils.classroom.slices``), and a device cgroup that lets it open only those GPUs
+from NVML: ``labutils.classroom.slices``; who holds which: ``labutils.classroom.book``), and a device cgroup that lets it open only those GPUs
 (systemd ``DevicePolicy``/``DeviceAllow``, or Docker's device requests): the variable is what the
 learner's code follows, the cgroup is the boundary. On first login ``python -m labutils workspace``
 makes ``~/my-labs`` as the learner. ``python -m labutils classroom check --hub-state
@@ -32,7 +32,7 @@ import sys
 
 import psutil
 
-from labutils.classroom import slices
+from labutils.classroom import book, slices
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -69,7 +69,7 @@ if env("LABS_ADMINS"):
 TOPOLOGY = slices.read_topology()
 EXCLUDE = [int(g) for g in env("LABS_EXCLUDE_GPUS", "").split(",") if g.strip()]  # broken GPUs
 PLAN = slices.plan_slices(TOPOLOGY, int(env("LABS_SLICE_SIZE", "2")), exclude=EXCLUDE) if TOPOLOGY.count else []
-BOOK = slices.SliceBook(PLAN, os.path.join(STATE, "slices.json"))
+BOOK = book.SliceBook(PLAN, os.path.join(STATE, "slices.json"))
 n_seats = max(len(PLAN), 1)
 c.Spawner.mem_limit = env("LABS_MEM_LIMIT", f"{int(psutil.virtual_memory().total / n_seats / 2**30)}G")
 c.Spawner.cpu_limit = float(env("LABS_CPU_LIMIT", str(max(1, (os.cpu_count() or 1) // n_seats))))

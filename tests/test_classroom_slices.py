@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from labutils.classroom import slices as sl
+from labutils.classroom import book, slices as sl
 
 
 def _disjoint(plan):
@@ -83,17 +83,17 @@ def test_no_gpus_no_slices():
 
 def test_book_gives_each_learner_its_own_slice_and_takes_it_back(tmp_path):
     state = tmp_path / "slices.json"
-    book = sl.SliceBook([(0, 1), (2, 3)], state)
-    assert book.acquire("ada") == (0, 1)
-    assert book.acquire("bob") == (2, 3)
-    assert book.acquire("ada") == (0, 1)  # the same learner again: the same slice
+    b = book.SliceBook([(0, 1), (2, 3)], state)
+    assert b.acquire("ada") == (0, 1)
+    assert b.acquire("bob") == (2, 3)
+    assert b.acquire("ada") == (0, 1)  # the same learner again: the same slice
     with pytest.raises(sl.SliceError, match="all 2 GPU slices are in use .*'cy' gets none. HINT"):
-        book.acquire("cy")
-    assert sl.load_state(state) == {"ada": (0, 1), "bob": (2, 3)}
-    assert sl.SliceBook([(0, 1), (2, 3)], state).acquire("bob") == (2, 3)  # a restarted hub remembers
-    book.release("ada")
-    assert book.acquire("cy") == (0, 1)
-    assert sl.SliceBook([(0, 1, 2, 3)], state).holders == {}  # another plan: the old holders mean nothing
+        b.acquire("cy")
+    assert book.load_state(state) == {"ada": (0, 1), "bob": (2, 3)}
+    assert book.SliceBook([(0, 1), (2, 3)], state).acquire("bob") == (2, 3)  # a restarted hub remembers
+    b.release("ada")
+    assert b.acquire("cy") == (0, 1)
+    assert book.SliceBook([(0, 1, 2, 3)], state).holders == {}  # another plan: the old holders mean nothing
 
 
 def test_slice_env_and_device_cgroup_lines():
@@ -130,7 +130,7 @@ def test_check_plans_a_class_on_a_fake_topology_and_says_nothing_ran():
 
 def test_check_reads_the_hubs_assignment(tmp_path):
     state = tmp_path / "slices.json"
-    sl.SliceBook([(0, 1), (2, 3)], state).acquire("ada")
+    book.SliceBook([(0, 1), (2, 3)], state).acquire("ada")
     r = _check("--hub-state", str(state), env_extra={sl.FAKE_ENV: "4"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].split()[:3] == ["ada", "GPUs", "0,1"]

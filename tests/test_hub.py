@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from labutils import procs
-from labutils.classroom import slices
+from labutils.classroom import book, slices
 import unix_users
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,7 +277,7 @@ def test_two_learners_get_their_own_slices_workspaces_and_files(tmp_path):
             plan = slices.plan_slices(slices.fake_topology(FAKE_GPUS), 2)
             given = {name: tuple(int(g) for g in cvd.split(",")) for name, cvd in seen.items()}
             assert sorted(given.values()) == sorted(plan), (given, plan)  # each its own, disjoint
-            assert slices.load_state(tmp_path / "slices.json") == given  # what `classroom check --hub-state` reads
+            assert book.load_state(tmp_path / "slices.json") == given  # what `classroom check --hub-state` reads
             for u in (ada, bob):
                 r = hub.api("DELETE", f"/hub/api/users/{u.pw_name}/server", tokens[u.pw_name])
                 assert r.status_code in (202, 204), (r.status_code, r.text)
@@ -287,7 +287,7 @@ def test_two_learners_get_their_own_slices_workspaces_and_files(tmp_path):
                 left += [f"{p.pid} of {u.pw_name}" for p in unix_users.kill_processes_of(u.pw_name)]
         assert not left, f"left running after the hub stopped: {left}"
         assert not (tmp_path / "jupyterhub-proxy.pid").exists() or not _pid_alive(tmp_path / "jupyterhub-proxy.pid")
-        assert slices.load_state(tmp_path / "slices.json") == {}  # every slice given back
+        assert book.load_state(tmp_path / "slices.json") == {}  # every slice given back
     for u in (ada, bob):
         with pytest.raises(KeyError):
             pwd.getpwnam(u.pw_name)  # the users are gone too

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from . import slices as sl
+from . import book, slices as sl
 
 OK, FAIL = "OK", "FAIL"
 
@@ -123,7 +123,7 @@ def check(args) -> int:
     if topo.count == 0:
         return no_gpus(args)
     if args.hub_state:
-        named = sl.load_state(args.hub_state)
+        named = book.load_state(args.hub_state)
     elif args.mine:
         named = {os.environ.get("USER", "this process"): mine_gpus(topo)}
     else:

@@ -1,9 +1,9 @@
-"""GPU slices of a shared node: which GPUs each learner's server gets (pure, except ``read_topology``).
+"""GPU slices of a shared node: which GPUs a learner's server may get (pure, except ``read_topology``).
+Who holds which slice is ``book.SliceBook``'s.
 
     topo = read_topology()                    # NVML; or fake_topology("8") on a machine without GPUs
     plan = plan_slices(topo, slice_size=2)    # [(0, 1), (2, 3), ...]: disjoint, best-linked first
-    book = SliceBook(plan, state_path)        # the hub's: acquire(user) / release(user)
-    env = slice_env(book.acquire("ada"))      # {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": ...}
+    env = slice_env(plan[0])                  # {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": ...}
 
 Links are named as ``nvidia-smi topo -m`` names them, best first: ``NV<k>`` (k NVLinks between the
 two GPUs; ``NV`` when both hang off an NVSwitch, where every pair is alike), then the PCIe path
@@ -21,12 +21,9 @@ environment) lets the assignment be tested, and a class planned, on a machine wi
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 FAKE_ENV = "LABUTILS_FAKE_GPUS"
 PCIE_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearer first, as in nvidia-smi topo -m
@@ -273,53 +270,3 @@ def device_allow(topo: Topology, gpus) -> list[str]:
     own = [f"/dev/nvidia{topo.minors[g] if g < len(topo.minors) else g} rw" for g in gpus]
     return own + [f"{d} rw" for d in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                                        "/dev/nvidia-modeset")]
-
-
-class SliceBook:
-    """Which learner holds which slice, in the hub: a learner keeps its slice across restarts of its
-    server while it holds it; a stopped server gives it back. Saved to ``state_path`` (JSON
-    ``{"slices": [[0, 1], ...], "holders": {"ada": 0}}``) so that a restarted hub, and
-    ``classroom check --hub-state``, know the assignment."""
-
-    def __init__(self, slices: list[tuple], state_path: str | os.PathLike | None = None):
-        self.slices = [tuple(s) for s in slices]
-        self.state_path = Path(state_path) if state_path else None
-        self.holders: dict[str, int] = {}
-        self._lock = threading.Lock()
-        if self.state_path and self.state_path.exists():
-            saved = json.loads(self.state_path.read_text())
-            if [tuple(s) for s in saved.get("slices", [])] == self.slices:
-                self.holders = {u: int(k) for u, k in saved.get("holders", {}).items()}
-
-    def acquire(self, user: str) -> tuple:
-        with self._lock:
-            if user not in self.holders:
-                taken = set(self.holders.values())
-                free = [k for k in range(len(self.slices)) if k not in taken]
-                if not free:
-                    raise SliceError(
-                        f"all {len(self.slices)} GPU slices are in use ({', '.join(sorted(self.holders))}); "
-                        f"{user!r} gets none. HINT: stop an idle server (the culler does after its timeout), "
-                        f"or use a smaller slice size.")
-                self.holders[user] = free[0]
-                self._save()
-            return self.slices[self.holders[user]]
-
-    def release(self, user: str) -> None:
-        with self._lock:
-            if self.holders.pop(user, None) is not None:
-                self._save()
-
-    def _save(self) -> None:
-        if self.state_path is None:
-            return
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"slices": [list(s) for s in self.slices], "holders": self.holders},
-                                  indent=1))
-        os.replace(tmp, self.state_path)
-
-
-def load_state(path: str | os.PathLike) -> dict[str, tuple]:
-    """``{learner: slice}`` from a SliceBook's state file."""
-    saved = json.loads(Path(path).read_text())
-    return {u: tuple(saved["slices"][k]) for u, k in saved.get("holders", {}).items()}
