@@ -86,6 +86,7 @@ if SPAWNER == "systemd":
     c.SystemdSpawner.isolate_tmp = True          # a private /tmp per learner
     c.SystemdSpawner.disable_user_sudo = True
     c.SystemdSpawner.cmd = [os.path.join(BIN, "jupyterhub-singleuser")]
+    c.SystemdSpawner.extra_paths = [BIN]         # a terminal's `python` is the course's
 elif SPAWNER == "docker":
     c.JupyterHub.spawner_class = "dockerspawner.DockerSpawner"
     c.DockerSpawner.image = env("LABS_DOCKER_IMAGE", "gpucomm-labs:latest")
