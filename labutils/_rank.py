@@ -1,7 +1,7 @@
-"""The rank side of ``labutils.launch``: ``python -m labutils._rank DIR RANK WORLD_SIZE BACKEND PORT TIMEOUT INIT``.
+"""The rank side of ``labutils.launch``: ``python -m labutils._rank DIR RANK WORLD_SIZE BACKEND STORE TIMEOUT INIT``.
 
 Reads ``DIR/payload.pkl`` (cloudpickled ``(fn, args, kwargs)``), initialises ``torch.distributed``
-against the caller's loopback store, runs ``fn(rank, world_size, *args, **kwargs)`` and writes
+against the caller's private store (``rendezvous``), runs ``fn(rank, world_size, *args, **kwargs)`` and writes
 ``DIR/result-RANK.pkl``: ``("ok", value)`` with CUDA tensors moved to the CPU, or
 ``("error", info)``. A rank that returned then waits until the caller writes ``DIR/release``
 (every rank has a result) before it tears the process group down, so that a rank that returns
@@ -24,6 +24,7 @@ import traceback
 import types
 from datetime import timedelta
 
+from . import rendezvous
 from .procs import PARENT_ENV, RUN_LOCK, parent_alive
 
 DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle gives code it sends by value
@@ -220,9 +221,10 @@ def restore_sources(obj, smap: dict) -> None:
         linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
 
 
-def init_distributed(rank: int, world_size: int, backend: str, port: int, timeout_s: float,
+def init_distributed(rank: int, world_size: int, backend: str, address: str, timeout_s: float,
                      eager: bool = True):
-    """Bind the rank to its GPU (NCCL) and join the process group through the caller's store.
+    """Bind the rank to its GPU (NCCL) and join the process group through the caller's private
+    store (``rendezvous.PrivateStore``'s ``address``).
 
     ``eager=True`` passes ``device_id`` so NCCL creates its communicator inside
     ``init_process_group`` (and barriers know their device); ``eager=False`` is PyTorch's lazy
@@ -230,8 +232,7 @@ def init_distributed(rank: int, world_size: int, backend: str, port: int, timeou
     """
     import torch
     import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = rendezvous.join(address, timeout_s)
     kw = {}
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -329,8 +330,8 @@ def _fail(result_path: str, info: dict) -> None:
 
 def main(argv: list[str]) -> None:
     from .config import process_group_timeout
-    run_dir, rank, world_size, backend, port, timeout_s, init = argv
-    rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
+    run_dir, rank, world_size, backend, address, timeout_s, init = argv
+    rank, world_size, timeout_s = int(rank), int(world_size), float(timeout_s)
     watch_parent(run_dir)
     serve_diagnostics(run_dir, rank, backend, entry=[main.__code__], states={
         init_distributed.__code__: "starting", to_cpu.__code__: "returning",
@@ -352,7 +353,7 @@ def main(argv: list[str]) -> None:
         _fail(result_path, info)
     try:
         if init != "none":  # "none": fn initialises torch.distributed itself
-            init_distributed(rank, world_size, backend, port, process_group_timeout(timeout_s),
+            init_distributed(rank, world_size, backend, address, process_group_timeout(timeout_s),
                              eager=(init == "eager"))
         value = to_cpu(fn(rank, world_size, *args, **kwargs))  # .cpu() waits for the GPU work
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import errors, procs
+from . import errors, procs, rendezvous
 from . import config as _config
 from .errors import LaunchConfigError
 
@@ -204,19 +204,18 @@ def launch(fn, *args, world_size: int | None = None, backend: str | None = None,
     ranks: dict[int, object] = {}
     store = run_dir = None
     try:
-        store = procs.LoopbackStore(timeout_s=_config.process_group_timeout(timeout))
         # once a rank runs, the last rank out of a dead launch removes the folder (_rank.watch_parent);
         # a caller killed before that leaves it to the next launch's remove_stale_runs
         procs.remove_stale_runs()
-        run_dir = procs.make_run_dir()
+        run_dir = procs.make_run_dir()  # 0700: it also holds the ranks' private store
         (run_dir / "payload.pkl").write_bytes(payload)
         (run_dir / procs.RUN_LOCK).touch()  # each live rank holds it shared
-        port_for_env = procs.free_loopback_port() if init == "none" else store.port
+        store = rendezvous.PrivateStore(_config.process_group_timeout(timeout), directory=run_dir)
+        port_for_env = procs.free_loopback_port()  # MASTER_PORT: init="none" fn's own rendezvous
         for r in range(cfg.world_size):
-            child_env = procs.rank_env(r, cfg.world_size, store.port, cfg.backend, env)
-            child_env["MASTER_PORT"] = str(port_for_env)  # init="none": fn's own rendezvous port
+            child_env = procs.rank_env(r, cfg.world_size, port_for_env, cfg.backend, env)
             ranks[r] = procs.spawn_rank([str(run_dir), str(r), str(cfg.world_size), cfg.backend,
-                                         str(store.port), str(timeout), init], child_env)
+                                         store.address, str(timeout), init], child_env)
             relay.watch(r, ranks[r].stdout)
         return _supervise(ranks, run_dir, relay, transcript, timeout)
     except KeyboardInterrupt:

@@ -1,8 +1,8 @@
 """Process plumbing shared by ``launch`` and ``RankPool``: rendezvous, spawning, output, killing.
 
-* The rendezvous store lives in the *calling* process, on a socket bound to 127.0.0.1 with a port
-  the OS picks (port 0) for every launch: never a fixed port, never all interfaces
-  (``TCPStore(port=0)`` would listen on ``*``, so we hand it a pre-bound loopback socket).
+* The ranks' rendezvous is ``rendezvous.PrivateStore`` (a FileStore only this user can open).
+  ``LoopbackStore`` is a TCP store on 127.0.0.1 with a port the OS picks, never a fixed port or all
+  interfaces, for code that needs one; any local user can connect to it.
 * Ranks are fresh interpreters (``python -m labutils._rank``), i.e. the *spawn* start method:
   they work after CUDA was initialised in the notebook, and each gets its own session so that a
   kill reaches everything it started.

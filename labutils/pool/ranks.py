@@ -2,7 +2,7 @@
 
 The ranks are fresh interpreters (``python -m labutils.pool.worker``) in their own sessions, with
 the environment of ``procs.rank_env`` (loopback networking, one GPU per rank under NCCL). They
-rendezvous through a ``procs.LoopbackStore`` owned here (its server answers from its own thread),
+rendezvous through a ``rendezvous.PrivateStore`` owned here (a FileStore only this user can open),
 and, once their process group is up, connect back to a ``protocol.ControlServer`` that is closed as
 soon as all of them are in. So ``spawn`` can return at once and the ranks start by themselves while
 the notebook does something else; ``wait_ready`` collects them. ``pump`` waits on every connection
@@ -18,11 +18,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 from multiprocessing import connection as mpc
 
-from .. import procs
+from .. import procs, rendezvous
 from ..errors import RankError, RankTimeout
 from . import protocol
 
@@ -70,16 +70,20 @@ class Ranks:
         self.server = protocol.ControlServer(token)
         self.spawned_at = time.monotonic()
         try:
-            self.run_dir = tempfile.mkdtemp(prefix="labutils-pool-")
-            hello = (json.dumps({"address": list(self.server.address), "token": token.hex(),
-                                 "run_dir": self.run_dir}) + "\n").encode()
-            self.store = procs.LoopbackStore(timeout_s=self.pg_timeout_s)
+            # as launch's: named for this process, 0700, held by each live rank (procs.RUN_LOCK), so
+            # the last rank out of a dead notebook removes it; it holds the ranks' private store too
+            procs.remove_stale_runs()
+            self.run_dir = str(procs.make_run_dir())
+            (Path(self.run_dir) / procs.RUN_LOCK).touch()
+            hello = (json.dumps({"address": list(self.server.address), "token": token.hex()}) + "\n").encode()
+            self.store = rendezvous.PrivateStore(self.pg_timeout_s, directory=self.run_dir)
+            port_for_env = procs.free_loopback_port()  # MASTER_PORT, unused by the pool's own init
             for r in range(self.world_size):
                 p = subprocess.Popen(
                     [sys.executable, "-u", "-m", "labutils.pool.worker", str(r), str(self.world_size),
-                     self.backend, str(self.store.port), str(self.pg_timeout_s)],
+                     self.backend, self.store.address, str(self.pg_timeout_s), self.run_dir],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    env=procs.rank_env(r, self.world_size, self.store.port, self.backend, self.env),
+                    env=procs.rank_env(r, self.world_size, port_for_env, self.backend, self.env),
                     start_new_session=True, close_fds=True)
                 self.procs.append(p)
                 self.pids.append(p.pid)

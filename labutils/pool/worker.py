@@ -1,7 +1,8 @@
-"""One persistent rank of a ``RankPool``: ``python -m labutils.pool.worker RANK WORLD_SIZE BACKEND PORT PG_TIMEOUT``.
+"""One persistent rank of a ``RankPool``: ``python -m labutils.pool.worker RANK WORLD_SIZE BACKEND STORE PG_TIMEOUT RUN_DIR``.
 
-Reads ``{"address": [host, port], "token": hex, "run_dir": path}`` from stdin, starts answering
-``run_dir/diagnose`` as launch's ranks do (``_rank.serve_diagnostics``: where it is, its flight
+Holds ``RUN_DIR/ranks.lock`` while it lives and leaves when the notebook is gone (``_rank.watch_parent``:
+the last rank out removes ``RUN_DIR``), reads ``{"address": [host, port], "token": hex}`` from stdin,
+starts answering ``RUN_DIR/diagnose`` as launch's ranks do (``_rank.serve_diagnostics``: where it is, its flight
 record), joins the process group (``_rank.init_distributed``: one GPU per rank under NCCL, torch's
 timeout ``PG_TIMEOUT``), then connects to the notebook's control
 channel and says ``ready`` (or ``failed``, with the error) -- in that order, so that the slow part of a
@@ -112,14 +113,14 @@ def serve_task(kind: str, task_id: int, body: bytes, ns: dict, rank: int, world_
 
 
 def main(argv: list[str]) -> None:
-    rank, world_size, backend, port, timeout_s = argv
-    rank, world_size, port, timeout_s = int(rank), int(world_size), int(port), float(timeout_s)
-    watch_parent()
+    rank, world_size, backend, address, timeout_s, run_dir = argv
+    rank, world_size, timeout_s = int(rank), int(world_size), float(timeout_s)
+    watch_parent(run_dir)
     signal.signal(signal.SIGINT, _on_sigint)
     cfg = json.loads(sys.stdin.readline())
     # the same answer as launch's ranks give on a hang (RankTimeout.where / .stacks / .flight);
     # frames are recognised by their code objects
-    serve_diagnostics(cfg["run_dir"], rank, backend, entry=[_execute.__code__, run_cell.__code__], states={
+    serve_diagnostics(run_dir, rank, backend, entry=[_execute.__code__, run_cell.__code__], states={
         init_distributed.__code__: "starting", main.__code__: "idle", serve_task.__code__: "running",
         to_cpu.__code__: "returning"})
     devnull = os.open(os.devnull, os.O_RDONLY)  # input() in a cell gets EOF instead of hanging
@@ -127,7 +128,7 @@ def main(argv: list[str]) -> None:
     os.close(devnull)
     failure = None
     try:
-        init_distributed(rank, world_size, backend, port, timeout_s, eager=True)
+        init_distributed(rank, world_size, backend, address, timeout_s, eager=True)
         ns = make_namespace(rank, world_size, backend)
     except BaseException as exc:  # noqa: BLE001
         failure = error_info(exc)
