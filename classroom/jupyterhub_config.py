@@ -107,7 +107,8 @@ async def prepare_workspace(user: pwd.struct_passwd) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "labutils", "workspace", "--update", os.path.join(user.pw_dir, "my-labs"),
         user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd=user.pw_dir,
-        env={"HOME": user.pw_dir, "USER": user.pw_name, "PATH": os.environ.get("PATH", "")},
+        env={"HOME": user.pw_dir, "USER": user.pw_name, "PATH": os.environ.get("PATH", ""),
+             **({"PYTHONPATH": env("PYTHONPATH")} if env("PYTHONPATH") else {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     if proc.returncode:

@@ -1,8 +1,7 @@
 """Process plumbing shared by ``launch`` and ``RankPool``: rendezvous, spawning, output, killing.
 
-* The ranks' rendezvous is ``rendezvous.PrivateStore`` (a FileStore only this user can open).
-  ``LoopbackStore`` is a TCP store on 127.0.0.1 with a port the OS picks, never a fixed port or all
-  interfaces, for code that needs one; any local user can connect to it.
+* The ranks' rendezvous is ``rendezvous.PrivateStore`` (a FileStore only this user can open), not
+  a TCP store, which any local user could connect to.
 * Ranks are fresh interpreters (``python -m labutils._rank``), i.e. the *spawn* start method:
   they work after CUDA was initialised in the notebook, and each gets its own session so that a
   kill reaches everything it started.
@@ -30,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -91,33 +89,6 @@ def remove_stale_runs(directory: str | os.PathLike | None = None) -> list[Path]:
         except (OSError, psutil.Error):
             continue  # a rank holds it (it removes the folder itself), or it went meanwhile
     return removed
-
-
-class LoopbackStore:
-    """A ``torch.distributed.TCPStore`` server on 127.0.0.1 with an OS-chosen free port.
-
-    Attributes:
-        port: the TCP port the ranks connect to.
-        store: the server-side store (the caller can read/write keys too).
-    """
-
-    def __init__(self, timeout_s: float = 300.0):
-        import torch.distributed as dist
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(128)
-        self.port = self._sock.getsockname()[1]
-        kw = dict(world_size=None, is_master=True, timeout=timedelta(seconds=timeout_s),
-                  wait_for_workers=False, master_listen_fd=self._sock.fileno())
-        try:
-            self.store = dist.TCPStore("127.0.0.1", self.port, **kw)
-        except (RuntimeError, TypeError):  # older torch: libuv store without fd support
-            self.store = dist.TCPStore("127.0.0.1", self.port, use_libuv=False, **kw)
-        self._sock.detach()  # the store owns the descriptor now and closes it when it goes
-
-    def close(self) -> None:
-        """Stop listening (idempotent): dropping the last reference shuts the server down."""
-        self.store = None
 
 
 def rank_env(rank: int, world_size: int, port: int, backend: str, extra: dict | None = None) -> dict:

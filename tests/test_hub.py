@@ -71,7 +71,7 @@ def _chromium() -> str | None:
 class Hub:
     """A JupyterHub process (and the proxy it starts) on 127.0.0.1, stopped by ``stop``."""
 
-    def __init__(self, state: Path, users: list[str], password: str):
+    def __init__(self, state: Path, users: list[str], password: str, course: Path):
         self.state, self.password = state, password
         self.port = procs.free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -80,7 +80,7 @@ class Hub:
                    LABS_PROXY_API_PORT=str(procs.free_loopback_port()),
                    LABS_SPAWNER="local", LABS_AUTH="shared", LABS_SHARED_PASSWORD=password,
                    LABS_USERS=",".join(users), LABS_STATE_DIR=str(state), LABS_SLICE_SIZE="2",
-                   LABUTILS_FAKE_GPUS=FAKE_GPUS, LABS_IDLE_TIMEOUT_S="600",
+                   LABUTILS_FAKE_GPUS=FAKE_GPUS, LABS_IDLE_TIMEOUT_S="600", PYTHONPATH=str(course),
                    PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}")
         self.log = open(state / "hub.log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], cwd=state,
@@ -246,11 +246,12 @@ def browser_login(hub: Hub, name: str) -> None:
 
 def test_two_learners_get_their_own_slices_workspaces_and_files(tmp_path):
     os.chmod(tmp_path, 0o700)
-    with unix_users.throwaway_user("ada", home=True) as ada, unix_users.throwaway_user("bob", home=True) as bob:
-        why = unix_users.python_usable_by(ada, "torch, labutils, jupyterhub")
+    with unix_users.throwaway_user("ada", home=True) as ada, unix_users.throwaway_user("bob", home=True) as bob, \
+            unix_users.shared_course() as course:  # the learners' labutils and labs: the clone may be private
+        why = unix_users.python_usable_by(ada, "torch, labutils, jupyterhub", {"PYTHONPATH": str(course)})
         if why:
             pytest.skip(why)
-        hub = Hub(tmp_path, [ada.pw_name, bob.pw_name], password=secrets.token_urlsafe(12))
+        hub = Hub(tmp_path, [ada.pw_name, bob.pw_name], password=secrets.token_urlsafe(12), course=course)
         left = []
         try:
             hub.wait_up()

@@ -126,15 +126,19 @@ def test_init_none_lets_fn_use_env_rendezvous(no_leaks):
                 raise
 
 
-def test_store_listens_on_loopback_only():
-    from labutils.procs import LoopbackStore
-    s = LoopbackStore()
-    try:
-        mine = [c for c in psutil.Process().net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr.port == s.port]
-        assert mine and all(c.laddr.ip == "127.0.0.1" for c in mine)
-    finally:
-        s.close()
+def test_rendezvous_listens_nowhere():
+    """The ranks' store is a file in a private directory: making it opens no socket at all."""
+    from labutils.rendezvous import PrivateStore, join
+
+    def listening():
+        return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN}
+    before = listening()
+    with PrivateStore(timeout_s=10) as owner:
+        store = join(owner.address, 10)
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        assert listening() == before, f"the rendezvous listens on {listening() - before}"
 
 
 def test_under_torchrun_runs_in_process_and_gathers(tmp_path):

@@ -2,6 +2,8 @@
 
 Made with ``useradd`` (root only) under a random name, removed with ``userdel -r`` at the end,
 whatever happened. ``reason_unavailable()`` says why such a test must be skipped here.
+``shared_course()`` stages a copy of ``labutils`` and the labs that those users can read, as the
+clone may lie where they cannot (CI's clone under /root, mode 0700).
 """
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def reason_unavailable() -> str | None:
@@ -41,6 +47,27 @@ def throwaway_user(prefix: str = "lab", home: bool = False):
         subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=30)
 
 
+@contextlib.contextmanager
+def shared_course():
+    """A world-readable copy of ``labutils`` and the labs with their recordings (what the hub's
+    workspace step copies), in a fresh temporary folder removed at the end; yields the folder, for
+    the other users' ``PYTHONPATH``: it comes before the venv's editable install of the clone."""
+    root = Path(tempfile.mkdtemp(prefix="labutils-course-"))
+    try:
+        shutil.copytree(REPO / "labutils", root / "labutils",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (root / "notebooks" / "recorded").mkdir(parents=True)
+        for nb in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"):
+            shutil.copy(nb, root / "notebooks")
+        for rec in (REPO / "notebooks" / "recorded").glob("*.json"):
+            shutil.copy(rec, root / "notebooks" / "recorded")
+        for path in [root, *root.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def processes_of(name: str) -> list:
     """Live processes owned by user ``name``."""
     import psutil
@@ -62,18 +89,20 @@ def kill_processes_of(name: str) -> list:
     return left
 
 
-def run_as(user: pwd.struct_passwd, argv: list[str], timeout_s: float = 60.0, **kw) -> subprocess.CompletedProcess:
-    """Run ``argv`` as ``user`` (no supplementary groups), output captured as text."""
+def run_as(user: pwd.struct_passwd, argv: list[str], timeout_s: float = 60.0, extra_env: dict | None = None,
+           **kw) -> subprocess.CompletedProcess:
+    """Run ``argv`` as ``user`` (no supplementary groups, in /), output captured as text; the
+    environment is a bare one plus ``extra_env``."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": user.pw_dir, "USER": user.pw_name,
-           "LANG": "C.UTF-8"}
+           "LANG": "C.UTF-8", **(extra_env or {})}
     return subprocess.run(argv, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env,
                           cwd="/", capture_output=True, text=True, timeout=timeout_s, **kw)
 
 
-def python_usable_by(user: pwd.struct_passwd, modules: str = "torch") -> str | None:
+def python_usable_by(user: pwd.struct_passwd, modules: str = "torch", extra_env: dict | None = None) -> str | None:
     """None when ``user`` can run this interpreter and import ``modules``; else why not."""
     try:
-        r = run_as(user, [sys.executable, "-c", f"import {modules}"], timeout_s=120)
+        r = run_as(user, [sys.executable, "-c", f"import {modules}"], timeout_s=120, extra_env=extra_env)
     except PermissionError as exc:
         return (f"a second user cannot run this Python ({sys.executable}): {exc}; the interpreter and "
                 f"the venv must be readable by all (e.g. a venv of /usr/bin/python3, not one under /root)")
