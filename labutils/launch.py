@@ -19,7 +19,8 @@ raises ``RankError`` within seconds, naming the rank that failed by itself; a ha
 it started -- is killed on the way out (also on KeyboardInterrupt), so no process, port or
 thread is left behind (tests/test_faults.py); if the caller itself dies (a kernel restart, the
 out-of-memory killer), the ranks notice and exit, and the last one out removes the run's temporary
-folder. The ranks import with the caller's ``sys.path``.
+folder (0700, named for the caller), which also holds the private store the ranks meet in
+(``rendezvous``). The ranks import with the caller's ``sys.path``.
 Under ``torchrun`` the function runs in the current process instead, and the results of all
 ranks are gathered.
 """

@@ -3,7 +3,8 @@
 The ranks are fresh interpreters (``python -m labutils.pool.worker``) in their own sessions, with
 the environment of ``procs.rank_env`` (loopback networking, one GPU per rank under NCCL). They
 rendezvous through a ``rendezvous.PrivateStore`` owned here (a FileStore only this user can open),
-and, once their process group is up, connect back to a ``protocol.ControlServer`` that is closed as
+in the generation's run directory (``procs.make_run_dir``, as launch's: held by each live rank, the
+last one out of a dead notebook removes it), and, once their process group is up, connect back to a ``protocol.ControlServer`` that is closed as
 soon as all of them are in. So ``spawn`` can return at once and the ranks start by themselves while
 the notebook does something else; ``wait_ready`` collects them. ``pump`` waits on every connection
 and output pipe at once in the calling thread -- no reader threads, so a result wakes the notebook
@@ -19,8 +20,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from multiprocessing import connection as mpc
+from pathlib import Path
 
 from .. import procs, rendezvous
 from ..errors import RankError, RankTimeout
