@@ -341,8 +341,9 @@ def test_ledger_counts_what_each_collective_moves(pool):
     def rank_fn(rank, world_size):
         import torch.distributed as dist
         from labutils import compat
-        from labutils.labs.lab08_data_parallel.ledger import CollectiveLedger
-        with CollectiveLedger() as book:
+        from labutils.instruments.ledger import Ledger
+        from labutils.labs.lab08_data_parallel import ledger
+        with Ledger() as book:
             t = torch.ones(10)
             dist.all_reduce(t)                                    # 40 B, volume 2 S
             out = torch.empty(5)
@@ -350,12 +351,14 @@ def test_ledger_counts_what_each_collective_moves(pool):
             compat.all_gather_into_tensor(torch.empty(10), out)   # output 40 B
             dist.broadcast(t, src=0)                              # not a gradient collective
         with pytest.raises(ValueError):
-            book.volume_in_params(0)
-        return book.counts(), book.bytes_by_op(), book.volume_bytes(), book.volume_in_params(20), book.wire_bytes(2)
-    counts, by_op, volume, in_params, wire = pool.run(rank_fn)[0]
+            ledger.volume_in_params(book, 0)
+        gradients = ("all_reduce", "reduce_scatter", "all_gather")
+        return (book.counts(), [row["size_bytes"] for row in book.summary()], ledger.volume_bytes(book),
+                ledger.volume_in_params(book, 20), book.wire_bytes_per_rank(ops=gradients))
+    counts, sizes, volume, in_params, wire = pool.run(rank_fn)[0]
     assert counts == {"all_reduce": 1, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
-    assert by_op == {"all_reduce": 40, "reduce_scatter": 40, "all_gather": 40, "broadcast": 40}
-    assert volume == 160 and in_params == 2.0 and wire == 80
+    assert sizes == [40, 40, 40, 40]
+    assert volume == 160 and in_params == 2.0 and wire == 80     # a ring: (N - 1) / N of the volume
 
 
 def test_nccl_group_refuses_bad_counts_and_gloo(pool):

@@ -201,7 +201,7 @@ def accumulate(ddp_model, micro_batches, use_no_sync):
 
 # %% [markdown]
 # `verify.check_ddp` trains with `train_ddp` and compares with part 1; accumulates 4 micro-batches with and
-# without `no_sync()`, counting the all-reduces (`ledger.CollectiveLedger` sees every collective that
+# without `no_sync()`, counting the all-reduces (`instruments.ledger.Ledger` sees every collective that
 # `torch.distributed` dispatches, DDP's included); and looks at where `p.grad` lives with
 # `gradient_as_bucket_view` off and on (a DDP communication hook hands us each bucket's flat buffer).
 

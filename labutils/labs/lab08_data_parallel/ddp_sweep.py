@@ -33,10 +33,11 @@ import torch.distributed as dist
 
 from labutils import compat, timing
 from labutils.config import rank_device
+from labutils.instruments.ledger import Ledger
 
 from . import memory, overlap, steps, trace
 from . import model as M
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
 
 
 def _traced(step, path: Path, rank: int, *, cpu: bool, n_steps: int = 1) -> dict:
@@ -65,15 +66,15 @@ def _configuration(cfg, x, y, device, trace_to, *, cap, ctas, group) -> tuple[di
     opt = steps.adam(m.parameters(), device)
     step, no_sync = steps.train_step(ddp, opt, x, y), steps.train_step(ddp, opt, x, y, sync=False)
     step()  # DDP's first iteration runs on buckets in parameter order...
-    with CollectiveLedger() as book:
+    with Ledger() as book:
         step()  # ...and rebuilds them in the order the gradients arrived: the buckets of every later step
     # warmup=1: one untimed no_sync step, where its gradients (outside the buckets) first find room
     t = timing.benchmark_loops({"step": steps.repeated(step), "no_sync": steps.repeated(no_sync)},
                                warmup=1, iters=cfg["paired_iters"], repeat=cfg["paired_repeat"])
     exposed, diffs = overlap.paired_difference(t["step"].samples_ms, t["no_sync"].samples_ms)
-    sizes = [b for op, b, _ in book.calls if op == "all_reduce"]
+    sizes = [r.size_bytes for r in book.records if r.op == "all_reduce"]
     row = {"bucket_cap_mb": cap, "ctas": ctas, "bucket_bytes": sizes, "n_buckets": len(sizes),
-           "volume_psi": book.volume_in_params(M.n_params(cfg)), "step_ms": t["step"].median_ms,
+           "volume_psi": volume_in_params(book, M.n_params(cfg)), "step_ms": t["step"].median_ms,
            "no_sync_ms": t["no_sync"].median_ms, "spread": t["step"].spread, "exposed_ms": exposed,
            "exposed_samples_ms": diffs}
     buffers = [torch.empty(b // 4, device=device) for b in sizes]  # fp32 gradients: 4 bytes each

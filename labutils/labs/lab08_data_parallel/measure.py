@@ -11,7 +11,7 @@ samples of ``cfg["paired_iters"]`` steps, step and no_sync in turn), each sample
 (``timing``). Kernel timelines: the profiler with CUDA activity only (``trace.profile_step(cpu=False)``),
 so that the CPU profiler's cost on the issuing thread does not enter the figures. Memory: bytes allocated above what the rank held before the model was built
 (``memory.fresh_baseline``), read after ``memory.settle``. Volumes: the bytes handed to the collectives
-during one step (``ledger.CollectiveLedger``), in units of Psi elements. The code under test (ZeRO,
+during one step (``instruments.ledger.Ledger``), in units of Psi elements. The code under test (ZeRO,
 FSDP2 wrapping) is passed in; the defaults are ``reference``'s. ``ddp_sweep`` is 08_ddp's rank side.
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.ledger import Ledger
 from labutils.solutions import lab08 as solution
 
 from . import memory, overlap, reference, steps, trace
 from . import model as M
 from .ddp_sweep import ddp_rank
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
 
 REFERENCE_ZERO = {"shard_of": reference.shard_of, "zero1_step": solution.zero1_step,
                   "zero2_attach": reference.zero2_attach, "zero2_step": reference.zero2_step,
@@ -82,11 +83,11 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
     step()
     step()  # Adam's state exists from the first step on: now the steady state
     memory.reset_peak(device)
-    with CollectiveLedger() as book:
+    with Ledger() as book:
         step()
     row = {"scheme": scheme, "peak_bytes": steps.max_over_ranks(memory.peak(device) - base, device),
            "predicted_bytes": memory.predicted_bytes(scheme, psi, world_size),
-           "volume_psi": book.volume_in_params(psi), "calls": book.counts()}
+           "volume_psi": volume_in_params(book, psi), "calls": book.counts()}
     for h in hooks:
         h.remove()
     return row
@@ -162,7 +163,7 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
         step = steps.train_step(wrapped, opt, x, y)
         for _ in range(cfg["warmup"]):
             step()
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             step()
         memory.settle(device, groups)
         state = memory.allocated(device) - base  # weights + gradients + Adam state, between steps
@@ -170,7 +171,7 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
         step()
         peak = memory.peak(device) - base
         row = {"name": name, "state_bytes": steps.max_over_ranks(state, device),
-               "peak_bytes": steps.max_over_ranks(peak, device), "volume_psi": book.volume_in_params(psi),
+               "peak_bytes": steps.max_over_ranks(peak, device), "volume_psi": volume_in_params(book, psi),
                "calls": book.counts(), "step_ms": steps.time_ms(step, cfg["repeat"], device)}
         if device.type == "cuda" and name in traced_variants(cfg):
             row["trace"] = _kernel_summary(step, rank)

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from labutils.config import rank_device
 
 from . import model as M
-from .ledger import CollectiveLedger
+from labutils.instruments.ledger import Ledger
+
+from .ledger import volume_in_params
 from .reference import require_fsdp2, split_batch
 
 DTYPE = torch.float64
@@ -131,7 +133,7 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
     grads, calls = {}, {}
     for use_no_sync in (False, True):
         ddp.zero_grad(set_to_none=True)
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             accumulate(ddp, micro, use_no_sync)
         calls[use_no_sync] = book.counts().get("all_reduce", 0)
         grads[use_no_sync] = [p.grad.clone() for p in ddp.parameters()]
@@ -185,7 +187,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         opt = torch.optim.AdamW(shards, lr=1e-2)
         hooks = zero2_attach(params, shards) if scheme == "ZeRO-2" else []
         freed = True
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for images, labels in data:
                 x, y = split_batch(images, labels)
                 F.cross_entropy(m(x), y).backward()
@@ -201,7 +203,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         for h in hooks:
             h.remove()
         runs[scheme] = {"weights": weights(m), "state": adam_state_numel(opt), "freed": freed,
-                        "volume": book.volume_in_params(sum(p.numel() for p in params)) / steps}
+                        "volume": volume_in_params(book, sum(p.numel() for p in params)) / steps}
     base = runs["DDP by hand"]
     out = {}
     for scheme in ("ZeRO-1", "ZeRO-2"):
@@ -232,14 +234,14 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
         wrapped = wrap(m)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
         losses = []
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for _ in range(steps):
                 opt.zero_grad()
                 loss = F.mse_loss(wrapped(x), y)
                 loss.backward()
                 opt.step()
                 losses.append(loss.detach())
-        return losses, weights(m), book.volume_in_params(psi) / steps
+        return losses, weights(m), volume_in_params(book, psi) / steps
 
     ddp = run(_ddp)
     out = {"DDP: communication per step in Ψ": f"{ddp[2]:.1f}"}
