@@ -69,7 +69,7 @@ def _configuration(cfg, x, y, device, trace_to, *, cap, ctas, group) -> tuple[di
     with Ledger() as book:
         step()  # ...and rebuilds them in the order the gradients arrived: the buckets of every later step
     # warmup=1: one untimed no_sync step, where its gradients (outside the buckets) first find room
-    t = timing.benchmark_loops({"step": steps.repeated(step), "no_sync": steps.repeated(no_sync)},
+    t = timing.benchmark_loops({"step": timing.repeated(step), "no_sync": timing.repeated(no_sync)},
                                warmup=1, iters=cfg["paired_iters"], repeat=cfg["paired_repeat"])
     exposed, diffs = overlap.paired_difference(t["step"].samples_ms, t["no_sync"].samples_ms)
     sizes = [r.size_bytes for r in book.records if r.op == "all_reduce"]
@@ -116,8 +116,8 @@ def _held_between_steps(cfg, x, y, device, best: dict, groups: dict, view: bool,
     for p in m.parameters():
         p.grad = None
     grad_copy = state - (memory.allocated(device) - base)
-    held = {"state_bytes": steps.max_over_ranks(state, device),
-            "grad_copy_bytes": steps.max_over_ranks(grad_copy, device)}
+    state, grad_copy = timing.slowest_rank([state, grad_copy])      # the largest over the ranks
+    held = {"state_bytes": state, "grad_copy_bytes": grad_copy}
     return held, traces
 
 
@@ -134,7 +134,7 @@ def ddp_rank(rank, world_size, cfg: dict, trace_dir: str | None) -> dict:
     plain = steps.train_step(m, steps.adam(m.parameters(), device), x, y)
     for _ in range(cfg["warmup"]):
         plain()
-    out["compute_ms"] = timing.benchmark_loops({"plain": steps.repeated(plain)}, warmup=0, iters=cfg["paired_iters"],
+    out["compute_ms"] = timing.benchmark_loops({"plain": timing.repeated(plain)}, warmup=0, iters=cfg["paired_iters"],
                                                repeat=cfg["paired_repeat"])["plain"].median_ms
     del m, plain
 

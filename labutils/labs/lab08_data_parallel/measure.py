@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils import timing
 from labutils.config import rank_device
 from labutils.instruments.ledger import Ledger
 from labutils.solutions import lab08 as solution
@@ -85,7 +86,8 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
     memory.reset_peak(device)
     with Ledger() as book:
         step()
-    row = {"scheme": scheme, "peak_bytes": steps.max_over_ranks(memory.peak(device) - base, device),
+    peak, = timing.slowest_rank([memory.peak(device) - base])      # the largest over the ranks
+    row = {"scheme": scheme, "peak_bytes": peak,
            "predicted_bytes": memory.predicted_bytes(scheme, psi, world_size),
            "volume_psi": volume_in_params(book, psi), "calls": book.counts()}
     for h in hooks:
@@ -170,8 +172,8 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
         memory.reset_peak(device)
         step()
         peak = memory.peak(device) - base
-        row = {"name": name, "state_bytes": steps.max_over_ranks(state, device),
-               "peak_bytes": steps.max_over_ranks(peak, device), "volume_psi": volume_in_params(book, psi),
+        state, peak = timing.slowest_rank([state, peak])             # the largest over the ranks
+        row = {"name": name, "state_bytes": state, "peak_bytes": peak, "volume_psi": volume_in_params(book, psi),
                "calls": book.counts(), "step_ms": steps.time_ms(step, cfg["repeat"], device)}
         if device.type == "cuda" and name in traced_variants(cfg):
             row["trace"] = _kernel_summary(step, rank)

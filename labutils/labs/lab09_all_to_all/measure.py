@@ -50,14 +50,6 @@ def _generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _loop(call):
-    """``call`` as a loop for ``timing.benchmark_loops``: ``loop(k)`` calls it k times back to back."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            call()
-    return loop
-
-
 # ------------------------------------------------------------------------------ part 1
 def collective_sweep(rank: int, world_size: int, sizes_bytes, *, dtype: str = "bfloat16",
                      warmup: int = 5, iters: int = 20, repeat: int = 5) -> dict:
@@ -126,8 +118,8 @@ def dispatch_sweep(rank: int, world_size: int, dispatch, tokens_list, *, hidden:
         rows = x[torch.argsort(dest, stable=True)]
         got = rows.new_empty((sum(recv), hidden))
         t = timing.benchmark_loops(
-            {"dispatch": _loop(lambda: dispatch(x, dest, None)),
-             "rows only": _loop(lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv,
+            {"dispatch": timing.repeated(lambda: dispatch(x, dest, None)),
+             "rows only": timing.repeated(lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv,
                                                                input_split_sizes=send))},
             warmup=warmup, iters=iters, repeat=repeat)
         out["tokens"].append(tokens)
@@ -164,9 +156,9 @@ def skew_sweep(rank: int, world_size: int, MoE, ExpertParallelMoE, dispatch, rou
             layers.append(layer)
             dests.append(expert.flatten())
         t_dispatch = timing.benchmark_loops(
-            {i: _loop(lambda d=d: dispatch(x, d, None)) for i, d in enumerate(dests)},
+            {i: timing.repeated(lambda d=d: dispatch(x, d, None)) for i, d in enumerate(dests)},
             warmup=warmup, iters=iters, repeat=repeat)
-        t_layer = timing.benchmark_loops({i: _loop(lambda m=m: m(x)) for i, m in enumerate(layers)},
+        t_layer = timing.benchmark_loops({i: timing.repeated(lambda m=m: m(x)) for i, m in enumerate(layers)},
                                          warmup=layer_warmup, iters=layer_iters, repeat=repeat)
     for i, bias in enumerate(router_biases):
         matrix = _count_matrix(dests[i], n)
