@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
-
-from . import model as M
 from labutils.instruments.ledger import Ledger
 
+from . import model as M
 from .ledger import volume_in_params
+from .steps import wrap_ddp
 from .reference import require_fsdp2, split_batch
 
 DTYPE = torch.float64
@@ -65,12 +65,6 @@ def train_one_device(model, batches, optimizer):
         F.cross_entropy(model(images), labels).backward()
         optimizer.step()
     return model
-
-
-def _ddp(module, **kwargs):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    device = rank_device()
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
 
 def _convnet(seed: int = 0):
@@ -129,7 +123,7 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
     images, labels = M.image_batch(PER_RANK * world_size * micro_batches, seed=99, device=device, dtype=DTYPE)
     x, y = split_batch(images, labels)
     micro = list(zip(x.chunk(micro_batches), y.chunk(micro_batches)))
-    ddp = _ddp(_convnet())
+    ddp = wrap_ddp(_convnet(), rank_device())
     grads, calls = {}, {}
     for use_no_sync in (False, True):
         ddp.zero_grad(set_to_none=True)
@@ -151,7 +145,7 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
             buffers.append(bucket.buffer())
             return default_hooks.allreduce_hook(None, bucket)
 
-        ddp = _ddp(_convnet(), gradient_as_bucket_view=as_view)
+        ddp = wrap_ddp(_convnet(), rank_device(), gradient_as_bucket_view=as_view)
         ddp.register_comm_hook(None, keep_bucket)
         for _ in range(2):  # grads become views of the buckets after the first iteration
             buffers.clear()
@@ -243,7 +237,7 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
                 losses.append(loss.detach())
         return losses, weights(m), volume_in_params(book, psi) / steps
 
-    ddp = run(_ddp)
+    ddp = run(lambda m: wrap_ddp(m, device))
     out = {"DDP: communication per step in Ψ": f"{ddp[2]:.1f}"}
     for name, kwargs in FSDP_VARIANTS.items():
         losses, w, volume = run(lambda m, kw=kwargs: shard_transformer(m, **kw))
