@@ -115,14 +115,6 @@ def test_tail_is_the_compute_streams_wait_before_the_optimizer():
     assert trace.wait_before([(0, 1, "adam")], trace.is_optimizer_kernel) == 0  # nothing before it
 
 
-def test_profile_step_refuses_what_it_cannot_record(tmp_path):
-    with pytest.raises(ValueError, match="int >= 1"):
-        trace.profile_step(lambda: None, tmp_path / "x.json", steps=0)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not in use"):
-            trace.profile_step(lambda: None, tmp_path / "x.json", cpu=False)
-
-
 def test_settle_is_a_no_op_off_cuda():
     """On the CPU nothing holds GPU memory: no collective is issued (none could be: no process group)."""
     assert memory.settle(torch.device("cpu"), groups=(None, object())) is None
@@ -138,13 +130,6 @@ def test_summarize_reads_kernels_phases_and_overlap():
     assert after["overlap_fraction"] == 0.0 and after["step_ms"] > s["step_ms"]
     with pytest.raises(ValueError, match="no GPU kernel"):
         trace.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])
-
-
-def test_a_profiled_cpu_step_is_a_readable_gzip_trace(tmp_path):
-    path = trace.profile_step(lambda: torch.ones(8, 8) @ torch.ones(8, 8), tmp_path / "t" / "step.json.gz", steps=2)
-    events = trace.load_events(path)
-    assert path.exists() and path.suffix == ".gz"
-    assert sum(e.get("name") == "aten::matmul" for e in events) == 2
 
 
 def _verdicts(data) -> dict:

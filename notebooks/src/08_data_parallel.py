@@ -237,7 +237,7 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 #
 # **On the kernel timeline.** Timing says how much the step pays, not why. For that, a couple of steps and as
 # many `no_sync` steps of each configuration run under `torch.profiler` with **CUDA activity only**
-# (`trace.profile_step(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
+# (`profiler.profile(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
 # Kernels named `nccl…` are communication; AdamW's (`multi_tensor_apply…`, `…Adam…`) are the optimizer; every
 # other kernel is compute. Three readings, per step:
 #

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from labutils import compat, timing
 from labutils.config import rank_device
+from labutils.instruments import profiler
 from labutils.instruments.ledger import Ledger
 
 from . import memory, overlap, steps, trace
@@ -45,8 +46,8 @@ def _traced(step, path: Path, rank: int, *, cpu: bool, n_steps: int = 1) -> dict
     the GPU drained, so that the barrier's own kernel is not in the trace)."""
     dist.barrier()
     torch.cuda.synchronize()
-    trace.profile_step(step, path, cpu=cpu, steps=n_steps)
-    return trace.summarize(trace.load_events(path), lane=f"rank {rank}", steps=n_steps)
+    doc = profiler.profile(step, calls=n_steps, cpu=cpu, path=path)
+    return trace.summarize(profiler.events(doc), lane=f"rank {rank}", steps=n_steps)
 
 
 def _timeline(step, no_sync, path: Path, rank: int, n_steps: int) -> tuple[dict, dict]:

@@ -8,7 +8,7 @@
 A training step is ``steps.train_step`` on ``model.BENCH``'s transformer with fp32 weights. Times: CUDA
 events, untimed warm-up steps, the median of ``cfg["repeat"]`` samples (08_ddp: ``cfg["paired_repeat"]``
 samples of ``cfg["paired_iters"]`` steps, step and no_sync in turn), each sample the slowest rank's
-(``timing``). Kernel timelines: the profiler with CUDA activity only (``trace.profile_step(cpu=False)``),
+(``timing``). Kernel timelines: the profiler with CUDA activity only (``instruments.profiler.profile(cpu=False)``),
 so that the CPU profiler's cost on the issuing thread does not enter the figures. Memory: bytes allocated above what the rank held before the model was built
 (``memory.fresh_baseline``), read after ``memory.settle``. Volumes: the bytes handed to the collectives
 during one step (``instruments.ledger.Ledger``), in units of Psi elements. The code under test (ZeRO,
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from labutils import timing
 from labutils.config import rank_device
+from labutils.instruments import profiler
 from labutils.instruments.ledger import Ledger
 from labutils.solutions import lab08 as solution
 
@@ -130,8 +131,8 @@ def _kernel_summary(step, rank: int) -> dict:
     dist.barrier()
     torch.cuda.synchronize()
     with tempfile.TemporaryDirectory(prefix="lab08-fsdp-") as folder:
-        path = trace.profile_step(step, Path(folder) / f"step_rank{rank}.json", cpu=False)
-        summary = trace.summarize(trace.load_events(path), lane=f"rank {rank}")
+        doc = profiler.profile(step, cpu=False, path=Path(folder) / f"step_rank{rank}.json")
+        summary = trace.summarize(profiler.events(doc), lane=f"rank {rank}")
     return {k: v for k, v in summary.items() if k != "spans"}
 
 
