@@ -2,6 +2,8 @@
 
 * ``ledger`` -- ``Ledger``: the communication a rank issues (collectives and point-to-point), with
   each call's size and the bytes it puts on the wire.
+* ``profiler`` -- ``profile(fn)``: a callable run under ``torch.profiler``; ``kernels(doc)``: the GPU's
+  spans in its trace (NCCL and compute, per device and stream).
 
 Import the module you need (``from labutils.instruments.ledger import Ledger``); this package
 re-exports nothing, so each name has one home.
