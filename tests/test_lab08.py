@@ -115,11 +115,6 @@ def test_tail_is_the_compute_streams_wait_before_the_optimizer():
     assert trace.wait_before([(0, 1, "adam")], trace.is_optimizer_kernel) == 0  # nothing before it
 
 
-def test_settle_is_a_no_op_off_cuda():
-    """On the CPU nothing holds GPU memory: no collective is issued (none could be: no process group)."""
-    assert memory.settle(torch.device("cpu"), groups=(None, object())) is None
-
-
 def test_summarize_reads_kernels_phases_and_overlap():
     s = trace.summarize(fakes._events(comm_after_backward=False), lane="r0")
     assert s["comm_ms"] == pytest.approx(4.0) and s["n_comm_kernels"] == 8

@@ -18,7 +18,7 @@ issues them -- overlap, compute stretch and tail come from these.
 Last, the fastest configuration is built again (``_held_between_steps``): one step profiled **with** CPU
 activity (a Perfetto file showing DDP's hooks and launches on the host; its length shows what the CPU
 profiler does to a step), and the memory it holds between steps with ``gradient_as_bucket_view`` on
-and off (``memory.settle`` first: NCCL still holds the tensors of finished asynchronous collectives
+and off (``instruments.memory.settle`` first: NCCL still holds the tensors of finished asynchronous collectives
 until its watchdog lets go).
 """
 from __future__ import annotations
@@ -33,10 +33,10 @@ import torch.distributed as dist
 
 from labutils import compat, timing
 from labutils.config import rank_device
-from labutils.instruments import profiler
+from labutils.instruments import memory as gpu_memory, profiler
 from labutils.instruments.ledger import Ledger
 
-from . import memory, overlap, steps, trace
+from . import overlap, steps, trace
 from . import model as M
 from .ledger import volume_in_params
 
@@ -97,8 +97,8 @@ def _held_between_steps(cfg, x, y, device, best: dict, groups: dict, view: bool,
     what dropping every ``p.grad`` frees (zero when the gradients are views into DDP's buckets). Traces
     (``trace_to=(folder, rank, keep_file)``): one step with CPU activity, ``{"best, CPU activity": ...}``."""
     everyone, tags = list(groups.values()), dict(bucket_cap_mb=best["bucket_cap_mb"], ctas=best["ctas"])
-    memory.settle(device, everyone)  # what earlier configurations left is gone before the baseline
-    base = memory.fresh_baseline(device)
+    gpu_memory.settle(device, everyone)  # what earlier configurations left is gone before the baseline
+    base = gpu_memory.fresh_baseline(device)
     m = M.build_transformer(cfg, device=device)
     ddp = steps.wrap_ddp(m, device, process_group=groups[best["ctas"]], bucket_cap_mb=best["bucket_cap_mb"],
                          gradient_as_bucket_view=view)
@@ -112,11 +112,11 @@ def _held_between_steps(cfg, x, y, device, best: dict, groups: dict, view: bool,
         path = folder / f"08_ddp_best_cpu_rank{rank}.json.gz"
         traces["best, CPU activity"] = dict(_traced(step, path, rank, cpu=True), steps=1,
                                             file=path.name if keep else None, **tags)
-    memory.settle(device, everyone)  # DDP's replaced buckets, still held by NCCL, are let go
-    state = memory.allocated(device) - base
+    gpu_memory.settle(device, everyone)  # DDP's replaced buckets, still held by NCCL, are let go
+    state = gpu_memory.allocated(device) - base
     for p in m.parameters():
         p.grad = None
-    grad_copy = state - (memory.allocated(device) - base)
+    grad_copy = state - (gpu_memory.allocated(device) - base)
     state, grad_copy = timing.slowest_rank([state, grad_copy])      # the largest over the ranks
     held = {"state_bytes": state, "grad_copy_bytes": grad_copy}
     return held, traces

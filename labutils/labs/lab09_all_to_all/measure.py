@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ... import bandwidth, compat, timing
+from ...instruments import memory
 from ...config import rank_device
 from .wire import SavedTensors, dropout_mask_bytes, saved_bytes_predicted
 
@@ -28,11 +29,6 @@ def _dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}. HINT: one of {', '.join(_DTYPES)}.")
     return _DTYPES[name]
-
-
-def _sync() -> None:
-    if rank_device().type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _seeded(make, seed: int, device: torch.device):
@@ -216,21 +212,14 @@ def _memory(block, x, dy, after_backward) -> dict:
     """Bytes the forward leaves allocated (activations kept for backward + the output) and the peak over
     forward and backward, both above what was allocated before (CUDA allocator; None on CPU); and the
     bytes autograd saved, counted by ``SavedTensors``."""
-    cuda = x.is_cuda
-    _sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    with SavedTensors(exclude=block.parameters()) as saved:
-        y = _local(block(x))
-    _sync()
-    held = torch.cuda.memory_allocated() - base if cuda else None
-    out_bytes = y.numel() * y.element_size()
-    y.backward(dy)
-    after_backward(block)
-    _sync()
-    peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    return {"held_bytes": held, "peak_bytes": peak, "saved_bytes": saved.nbytes, "output_bytes": out_bytes}
+    with memory.Probe(x.device) as probe:
+        with SavedTensors(exclude=block.parameters()) as saved:
+            y = _local(block(x))
+        held = probe.held_now()
+        out_bytes = y.numel() * y.element_size()
+        y.backward(dy)
+        after_backward(block)
+    return {"held_bytes": held, "peak_bytes": probe.peak_bytes, "saved_bytes": saved.nbytes, "output_bytes": out_bytes}
 
 
 def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict, tokens_list, *,
