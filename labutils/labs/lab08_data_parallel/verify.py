@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.compare import close
 from labutils.instruments.ledger import Ledger
 
 from . import model as M
@@ -27,15 +28,6 @@ PER_RANK = 4  # images per rank in every batch
 STEPS = 5
 LR = 0.1
 TOLERANCE = "float64, torch.testing.assert_close defaults: rtol 1e-07, atol 1e-07"
-
-
-def close(a, b, **tol) -> bool:
-    """``torch.testing.assert_close`` as a boolean (lists of tensors; devices aligned)."""
-    try:
-        torch.testing.assert_close([t.detach().cpu() for t in a], [t.detach().cpu() for t in b], **tol)
-        return True
-    except AssertionError:
-        return False
 
 
 def weights(model) -> list:

@@ -23,22 +23,12 @@ import torch
 import torch.distributed as dist
 
 from ...config import rank_device
+from ...instruments.compare import close
 from ...instruments.ledger import Ledger
 
 from .wire import SavedTensors, dropout_mask_bytes, saved_bytes_predicted
 
 DTYPE = torch.float64  # rounding cannot hide a bug, and NCCL and gloo both move float64
-
-
-def close(got, expected) -> bool:
-    """``torch.testing.assert_close`` as a boolean (None vs a tensor is a mismatch)."""
-    if got is None or expected is None:
-        return got is None and expected is None
-    try:
-        torch.testing.assert_close(got.detach(), expected.detach())
-        return True
-    except AssertionError:
-        return False
 
 
 def _inputs(shape, seed: int, device):
