@@ -21,9 +21,13 @@ from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
 import lab08_fakes as fakes  # tests/lab08_fakes.py
+from notebook_defs import load_definitions
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src" / "08_data_parallel.py"
+NB = load_definitions("08_data_parallel")       # the ZeRO and FSDP2 code the measurements run: the notebook's
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+             "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 
 # ---- pure parts -----------------------------------------------------------------------------------
@@ -462,11 +466,18 @@ def test_measurements_run_on_gloo(pool):
     assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and overlap.measures_exposed(d)
     got = C.ddp_verdicts(d)  # computable from a real run; no timeline on CPU ranks
     assert sum(v.verdict == C.NOT_MEASURED for v in got) == 4
-    z = measure.zero(pool, cfg)
+    z = measure.zero(pool, cfg, impl=ZERO_IMPL)
     assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
     assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])
-    f = C.fsdp_rows(measure.fsdp(pool, cfg))
+    f = C.fsdp_rows(measure.fsdp(pool, cfg, shard_transformer=NB.shard_transformer))
     assert not any("trace" in r for r in f.values())  # kernel timelines need GPUs
     assert f["FSDP2"]["volume_psi"] == pytest.approx(3.0, rel=0.01)
     assert f["FSDP2, reshard_after_forward=False"]["volume_psi"] == pytest.approx(2.0, rel=0.01)
     assert f["DDP"]["calls"]["all_reduce"] == 1
+
+
+def test_the_measurements_refuse_to_run_without_the_code_they_measure():
+    with pytest.raises(ValueError, match="impl lacks"):
+        measure.zero(None, impl={"shard_of": NB.shard_of})
+    with pytest.raises(ValueError, match="shard_transformer=shard_transformer"):
+        measure.fsdp(None)

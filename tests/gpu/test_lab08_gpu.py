@@ -17,6 +17,11 @@ from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
 from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from notebook_defs import load_definitions
+
+NB = load_definitions("08_data_parallel")       # the ZeRO and FSDP2 code the measurements run: the notebook's
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+             "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -126,13 +131,13 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
     got = C.ddp_verdicts(d)
     assert len(got) == 9 and C.NOT_MEASURED not in {v.verdict for v in got}  # the CTA verdict included
 
-    z = measure.zero(pool, SMALL_BENCH)
+    z = measure.zero(pool, SMALL_BENCH, impl=ZERO_IMPL)
     peaks = [r["peak_bytes"] for r in z["rows"]]
     assert peaks[0] > peaks[1] > peaks[2] > 0  # DDP by hand > ZeRO-1 > ZeRO-2
     assert all(r["volume_psi"] == pytest.approx(2.0, rel=0.01) for r in z["rows"])
     C.zero_verdicts(z)
 
-    f = C.fsdp_rows(measure.fsdp(pool, SMALL_BENCH))
+    f = C.fsdp_rows(measure.fsdp(pool, SMALL_BENCH, shard_transformer=NB.shard_transformer))
     assert f["FSDP2"]["state_bytes"] < 0.7 * f["DDP"]["state_bytes"]
     for name in measure.traced_variants(SMALL_BENCH):
         assert len(f[name]["trace"]) == 2 and all(t["idle_ms"] >= 0 and t["n_comm_kernels"] >= 1

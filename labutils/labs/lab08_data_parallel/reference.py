@@ -118,17 +118,6 @@ def zero2_step(params, shards, optimizer):
 
 
 # ---- part 4: FSDP2 ----------------------------------------------------------------------------------
-def require_fsdp2() -> None:
-    """Raise a clear error where this torch has no FSDP2 (``fully_shard``, public since torch 2.6).
-
-    Raises:
-        ImportError: with the torch version and the fix.
-    """
-    if not hasattr(fsdp, "fully_shard"):
-        raise ImportError(f"FSDP2 (torch.distributed.fsdp.fully_shard) is not in torch {torch.__version__}. "
-                          "HINT: pip install 'torch>=2.6'; until then lab 08's part 4 shows recorded results.")
-
-
 def shard_transformer(model, reshard_after_forward=True, prefetch=0):
     """FSDP2 (ZeRO-3): shard every block's parameters over the ranks, then the root's. With
     ``prefetch`` > 0, each block all-gathers the next ``prefetch`` blocks' weights ahead of time."""

@@ -62,3 +62,15 @@ def time_ms(step, repeat: int, device, warmup: int = 0) -> float:
     """Median of ``repeat`` back-to-back steps (CUDA events), each sample the slowest rank's."""
     t = timing.benchmark(step, warmup=warmup, repeat=repeat, device=device)
     return timing.summarize(timing.slowest_rank(t.samples_ms)).median_ms
+
+
+def require_fsdp2() -> None:
+    """Raise a clear error where this torch has no FSDP2 (``fully_shard``, public since torch 2.6).
+
+    Raises:
+        ImportError: with the torch version and the fix.
+    """
+    from torch.distributed import fsdp
+    if not hasattr(fsdp, "fully_shard"):
+        raise ImportError(f"FSDP2 (torch.distributed.fsdp.fully_shard) is not in torch {torch.__version__}. "
+                          "HINT: pip install 'torch>=2.6'; until then lab 08's part 4 shows recorded results.")

@@ -20,8 +20,8 @@ from labutils.instruments.ledger import Ledger
 
 from . import model as M
 from .ledger import volume_in_params
-from .steps import wrap_ddp
-from .reference import require_fsdp2, split_batch
+from .reference import split_batch
+from .steps import require_fsdp2, wrap_ddp
 
 DTYPE = torch.float64
 PER_RANK = 4  # images per rank in every batch
