@@ -617,7 +617,7 @@ my_prediction_reshard_faster = None  # ✍ True, False, or None for "about the s
 # (`gradient_as_bucket_view=True`) and the FSDP2 variants. *State* is what is allocated between two steps
 # (weights, gradients, Adam state); *peak* is `torch.cuda.max_memory_allocated` over a step, activations
 # and gathered weights included; both above what the rank held before the model was built, read after
-# `memory.settle` — an asynchronous NCCL collective keeps its tensors alive until the process group's
+# `instruments.memory.settle` — an asynchronous NCCL collective keeps its tensors alive until the process group's
 # watchdog thread has seen it finish, so freed buckets would otherwise still count. FSDP2's default and
 # its explicit prefetch are also profiled for one step: *GPU idle* is the time in that step when nothing ran
 # on the GPU — no kernel, no memory copy.
