@@ -477,6 +477,7 @@ def test_measurements_run_on_gloo(pool):
 
 
 def test_the_measurements_refuse_to_run_without_the_code_they_measure():
+    from labutils.labs.lab08_data_parallel import measure
     with pytest.raises(ValueError, match="impl lacks"):
         measure.zero(None, impl={"shard_of": NB.shard_of})
     with pytest.raises(ValueError, match="shard_transformer=shard_transformer"):
