@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labutils"
 CORE = {"__init__", "__main__", "_rank", "launch", "procs", "config", "errors", "compat", "timing",
-        "bandwidth", "hw", "recorded", "plots", "debugging", "claims"}
+        "bandwidth", "hw", "recorded", "plots", "debugging", "claims", "notebook_source"}
 # a top-level module must not be named for a lab's topic or for the benchmark
 LAB_OR_BENCH = re.compile(r"^(bench|lab\d*|tp|tensor|p2p|pipeline|cudacomm|cuda|copybw|overlap)(_|$)")
 
