@@ -12,14 +12,14 @@ import torch
 
 import labutils
 from labutils.labs.lab08_data_parallel import claims as C
-from labutils.labs.lab08_data_parallel import measure, overlap, reference, steps, trace, verify
+from labutils.labs.lab08_data_parallel import measure, overlap, steps, trace, verify
 from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
 from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
-NB = load_definitions("08_data_parallel")       # the ZeRO and FSDP2 code the measurements run: the notebook's
+NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
 ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
              "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
@@ -45,7 +45,7 @@ def _train_ddp_factory():
         device = rank_device()
         ddp = DDP(M.build_convnet(device=device, seed=rank), device_ids=[device.index])
         opt = torch.optim.SGD(ddp.parameters(), lr=verify.LR)
-        return reference.train_data_parallel(ddp, batches, opt, lambda m: None)
+        return NB.train_data_parallel(ddp, batches, opt, lambda m: None)
     return train_ddp
 
 
@@ -63,19 +63,19 @@ def _as_expected(results):
 
 
 def test_by_hand_and_ddp_over_nccl(pool):
-    _as_expected(pool.run(verify.check_by_hand, reference.replicate, reference.train_data_parallel,
-                          {"average": S.average_gradients, "sum": reference.all_reduce_sum}))
-    r = _as_expected(pool.run(verify.check_ddp, _train_ddp_factory(), reference.train_data_parallel,
-                           reference.accumulate, S.average_gradients))
+    _as_expected(pool.run(verify.check_by_hand, NB.replicate, NB.train_data_parallel,
+                          {"average": S.average_gradients, "sum": NB.all_reduce_sum}))
+    r = _as_expected(pool.run(verify.check_ddp, _train_ddp_factory(), NB.train_data_parallel,
+                           NB.accumulate, S.average_gradients))
     assert r["4 micro-batches: all-reduce calls with no_sync"] == 1
     assert r["4 micro-batches: all-reduce calls without no_sync"] == 4
 
 
 def test_zero_and_fsdp2_over_nccl(pool):
-    r = _as_expected(pool.run(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
-                           reference.zero2_step, S.average_gradients))
+    r = _as_expected(pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+                           NB.zero2_step, S.average_gradients))
     assert r["communication per step in Ψ: DDP by hand, ZeRO-1, ZeRO-2"] == "2.00, 2.00, 2.00"
-    r = _as_expected(pool.run(verify.check_fsdp, reference.shard_transformer))
+    r = _as_expected(pool.run(verify.check_fsdp, NB.shard_transformer))
     assert r["FSDP2: communication per step in Ψ"] == "3.0"
 
 

@@ -96,7 +96,7 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
 
 def zero_rank(rank, world_size, cfg: dict, impl: dict) -> dict:
     """Peak memory and volume per step of data parallelism by hand, ZeRO-1 and ZeRO-2 (fp32, a tiny
-    batch so that the model states dominate), with the notebook's (or the reference) functions."""
+    batch so that the model states dominate), with the notebook's functions."""
     device = rank_device()
     steps.prepare(device)
     gpu_memory.settle(device)  # what the measurements before left behind is gone before the first baseline

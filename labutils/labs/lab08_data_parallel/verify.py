@@ -20,7 +20,6 @@ from labutils.instruments.ledger import Ledger
 
 from . import model as M
 from .ledger import volume_in_params
-from .reference import split_batch
 from .steps import require_fsdp2, wrap_ddp
 
 DTYPE = torch.float64
@@ -48,6 +47,13 @@ def same_on_every_rank(tensors) -> bool:
 def image_batches(world_size: int, steps: int, device) -> list:
     """``steps`` global batches of ``PER_RANK * world_size`` images, the same on every rank."""
     return [M.image_batch(PER_RANK * world_size, seed=s, device=device, dtype=DTYPE) for s in range(steps)]
+
+
+def split_batch(images, labels):
+    """This rank's share of a global batch: the r-th of world_size equal slices (the checkers' and the
+    correctness runs' split; the notebook teaches its own)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    return images.chunk(world_size)[rank], labels.chunk(world_size)[rank]
 
 
 def train_one_device(model, batches, optimizer):
