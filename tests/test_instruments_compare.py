@@ -25,3 +25,22 @@ def test_none_matches_only_none():
     assert compare.close(None, None)
     assert compare.mismatch(None, torch.ones(1)) == compare.MISSING
     assert not compare.close(torch.ones(1), None)
+
+
+def test_report_prints_once_per_statement_and_says_where_ranks_differ(capsys):
+    import pickle
+    import pytest
+    bad = compare.mismatch(torch.ones(2), torch.zeros(2))
+    assert isinstance(pickle.loads(pickle.dumps(bad)), compare.Mismatch)       # it travels back from a rank
+    ranks = [{"y == reference": True, "calls": 2, "m = 4": {"output": "ok", "shape": (2, 3)}},
+             {"y == reference": True, "calls": 2, "m = 4": {"output": bad, "shape": (2, 3)}}]
+    assert compare.report(ranks, "check") is False
+    assert capsys.readouterr().out.splitlines() == [
+        "check", "  y == reference: True", "  calls: 2",
+        "  m = 4: output: ranks differ: rank 0 ok, rank 1 Tensor-likes are not close!", "  m = 4: shape: (2, 3)"]
+    assert compare.report([{"a": True}, {"a": True}]) is True
+    assert capsys.readouterr().out == "a: True\n"
+    with pytest.raises(AssertionError, match=r"does not hold: a \(rank 1\)"):
+        compare.report([{"a": True}, {"a": False}], strict=True)
+    with pytest.raises(TypeError, match="float.*HINT"):
+        compare.report([{"time_ms": 1.5}])

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labutils import bandwidth, claims, compat
+from labutils.instruments import compare
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
@@ -40,9 +41,7 @@ def pool(request, gloo2, gloo3):
 
 
 def _all_ok(reports) -> bool:
-    table = verify.table(reports)
-    assert table["on every rank"].all(), table.to_string()
-    return True
+    return compare.report(reports, strict=True)
 
 
 # ------------------------------------------------------------------ the notebook's code vs one device
@@ -71,9 +70,8 @@ def test_verify_reports_a_wrong_operator(gloo2):
         @staticmethod
         def backward(ctx, grad):
             return grad, None
-    table = verify.table(gloo2.run(verify.operators, NoSumBackward, nb.ReduceFromTP))
-    assert not table.loc["f backward: dL/dx = sum of every rank's dL/dy", "on every rank"]
-    assert table.loc["f forward: y = x", "on every rank"]
+    with pytest.raises(AssertionError, match=r"does not hold: f backward: dL/dx = sum of every rank's dL/dy \(rank 0, 1\)"):
+        compare.report(gloo2.run(verify.operators, NoSumBackward, nb.ReduceFromTP), strict=True)
 
 
 def _count_all_reduces(rank, world_size, TensorParallelMLP):

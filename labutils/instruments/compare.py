@@ -3,16 +3,23 @@
     from labutils.instruments import compare
     compare.close(y, y_ref)              # True / False (tensors, or lists of tensors; devices aligned)
     compare.mismatch(x.grad, ref.grad)   # None when close, else what differs, in one line
+    compare.report(pool.run(check))      # the ranks' {statement: value}, one line each, or raise (strict)
 
 Tensors are compared on the CPU (a GPU result against a CPU reference is compared by value, and a
 mismatch reads the same on both backends); ``None`` matches only ``None``. ``tol`` are
-``assert_close``'s ``rtol`` / ``atol``.
+``assert_close``'s ``rtol`` / ``atol``. ``report`` prints what ranks found in text that does not depend on
+the machine (booleans, ints, shapes, short text; a float is refused), so a checked notebook output is the
+same on gloo and on NCCL.
 """
 from __future__ import annotations
 
 import torch
 
 MISSING = "missing: the gradient is None (not connected to the loss?)"
+
+
+class Mismatch(str):
+    """What ``mismatch`` found, as text: a statement whose value is a ``Mismatch`` does not hold."""
 
 
 def _plain(x):
@@ -29,14 +36,58 @@ def mismatch(got, expected, **tol) -> str | None:
     if got is None or expected is None:
         if got is None and expected is None:
             return None
-        return MISSING if got is None else "unexpected: a value where None was expected"
+        return Mismatch(MISSING if got is None else "unexpected: a value where None was expected")
     try:
         torch.testing.assert_close(_plain(got), _plain(expected), **tol)
     except AssertionError as exc:
-        return str(exc).strip().splitlines()[0]
+        return Mismatch(str(exc).strip().splitlines()[0])
     return None
 
 
 def close(got, expected, **tol) -> bool:
     """``mismatch(got, expected) is None``."""
     return mismatch(got, expected, **tol) is None
+
+
+def _statements(result: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_statements(value, f"{name}: "))
+        elif isinstance(value, float):
+            raise TypeError(f"report prints what does not depend on the machine; {name!r} is the float {value!r}. "
+                            "HINT: return a bool, an int, or rounded text (f'{x:.2f}') from the rank")
+        else:
+            out[name] = value
+    return out
+
+
+def report(results: list[dict], title: str = "", *, strict: bool = False) -> bool:
+    """Print the ranks' ``results`` (one ``{statement: value}`` dict per rank, or one dict the ranks' results
+    were already combined into; a nested dict's keys follow its statement, ``"m = 4: output"``):
+    ``statement: value`` once when every rank agrees, else each rank's value; ``title`` first, when
+    given. The same text on gloo and NCCL.
+
+    Returns:
+        True when every statement holds on every rank: no value is ``False`` or a ``Mismatch``.
+
+    Raises:
+        AssertionError: ``strict`` and some statement does not hold (it names them, with the ranks).
+        TypeError: a value is a float (machine-dependent text).
+    """
+    per_rank = [_statements(r) for r in results]
+    failed = []
+    if title:
+        print(title)
+    for name in per_rank[0]:
+        values = [r.get(name) for r in per_rank]
+        shown = (str(values[0]) if all(v == values[0] for v in values)
+                 else "ranks differ: " + ", ".join(f"rank {i} {v}" for i, v in enumerate(values)))
+        print(f"{'  ' if title else ''}{name}: {shown}")
+        bad = [i for i, v in enumerate(values) if v is False or isinstance(v, Mismatch)]
+        if bad:
+            failed.append(f"{name} (rank {', '.join(map(str, bad))})" if len(per_rank) > 1 else name)
+    if strict and failed:
+        raise AssertionError(f"{title or 'result'}: does not hold: " + "; ".join(failed))
+    return not failed

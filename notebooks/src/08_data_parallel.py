@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import labutils
 from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
+from labutils.instruments import compare
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
 from labutils.labs.lab08_data_parallel import measure, memory, model, overlap, verify
@@ -149,7 +150,7 @@ average_gradients = check.average_gradients(my_average_gradients, pool=POOL)
 
 # %%
 print(f"tolerance: {verify.TOLERANCE}; {verify.STEPS} steps; {verify.PER_RANK} images per rank and batch")
-verify.show(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
+compare.report(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
                      {"average": average_gradients, "sum": all_reduce_sum}))
 
 # %% [markdown]
@@ -206,7 +207,7 @@ def accumulate(ddp_model, micro_batches, use_no_sync):
 # `gradient_as_bucket_view` off and on (a DDP communication hook hands us each bucket's flat buffer).
 
 # %%
-verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulate, average_gradients))
+compare.report(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulate, average_gradients))
 
 # %% [markdown]
 # **What this says.** DDP computes what part 1 computes. `no_sync()` turns N all-reduces of gradient
@@ -523,7 +524,7 @@ def zero2_step(params, shards, optimizer):
 # %%
 ZERO_IMPL = {"shard_of": shard_of, "zero1_step": zero1_step, "zero2_attach": zero2_attach,
              "zero2_step": zero2_step, "average_gradients": average_gradients}
-verify.show(POOL.run(verify.check_zero, shard_of, zero1_step, zero2_attach, zero2_step, average_gradients))
+compare.report(POOL.run(verify.check_zero, shard_of, zero1_step, zero2_attach, zero2_step, average_gradients))
 
 # %% [markdown]
 # **Predict.** The transformer of part 2 (its Ψ is printed below) on 2 GPUs: how many bytes per parameter
@@ -599,7 +600,7 @@ def shard_transformer(model, reshard_after_forward=True, prefetch=0):
 
 # %%
 if HAVE_FSDP2:
-    verify.show(POOL.run(verify.check_fsdp, shard_transformer))
+    compare.report(POOL.run(verify.check_fsdp, shard_transformer))
 else:
     print(f"FSDP2 (torch.distributed.fsdp.fully_shard) is not in torch {torch.__version__}: it needs torch >= 2.6. "
           "The measurements below are the recorded ones.")

@@ -6,7 +6,7 @@ the mismatch}`` -- text, never timings, so that a notebook cell prints the same 
 and on NCCL + GPUs::
 
     reports = POOL.run(verify.column_parallel, ColumnParallelLinear)
-    verify.table(reports)          # one row per quantity: OK on every rank?
+    compare.report(reports)        # one line per quantity: OK on every rank, or where it differs
 
 ``operators``: Megatron's f and g (forward and backward). ``column_parallel``, ``row_parallel``: a
 layer built from an ``nn.Linear`` against that ``nn.Linear`` (output and every gradient). ``mlp``: the
@@ -136,16 +136,6 @@ def mlp(rank: int, world_size: int, TensorParallelMLP, hidden: int = 16, ffn_hid
             "grad of A's bias": outcome(tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
             "grad of B (row shard)": outcome(tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
             "grad of B's bias": outcome(tp.down.bias.grad, ref[2].bias.grad)}
-
-
-def table(reports: list[dict]):
-    """One row per quantity: whether it matched on every rank, and the first rank's mismatch."""
-    import pandas as pd
-    rows = {}
-    for name in reports[0]:
-        bad = [(r, rep[name]) for r, rep in enumerate(reports) if rep[name] != OK]
-        rows[name] = {"on every rank": not bad, "first mismatch": f"rank {bad[0][0]}: {bad[0][1]}" if bad else "-"}
-    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def uneven_list_gather(rank: int, world_size: int, rows: int = 999, cols: int = 1000) -> dict:

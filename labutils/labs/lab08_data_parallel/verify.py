@@ -1,10 +1,10 @@
 """Correctness runs for lab 08 on any ranks: gloo with CPU tensors, or NCCL with one GPU per rank.
 
     results = pool.run(verify.check_by_hand, replicate, train_data_parallel, {"average": avg, "sum": s})
-    verify.show(results)            # one "statement: value" line each, identical on CPU and GPUs
+    compare.report(results)         # one "statement: value" line each, identical on CPU and GPUs
 
 Each ``check_*`` is a rank function returning ``{statement: value}`` (booleans, small ints, rounded
-figures); ``show`` prints them once every rank agrees. The code under test is passed in -- the
+figures); ``labutils.instruments.compare.report`` prints them once every rank agrees. The code under test is passed in -- the
 notebook's own functions -- and compared with a one-device run or with DDP. Everything is float64,
 so "==" means equal to rounding: ``torch.testing.assert_close``'s float64 defaults, rtol = atol = 1e-7.
 """
@@ -243,14 +243,3 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
         out[f"{name}: weights == DDP's"] = close(w, ddp[1])
         out[f"{name}: communication per step in Ψ"] = f"{volume:.1f}"
     return out
-
-
-def show(results: list[dict]) -> None:
-    """Print ``statement: value`` once if every rank agrees, else each rank's value (and say so)."""
-    keys = list(results[0])
-    for key in keys:
-        values = [r.get(key) for r in results]
-        if all(v == values[0] for v in values):
-            print(f"{key}: {values[0]}")
-        else:
-            print(f"{key}: ranks disagree: " + ", ".join(f"rank {i} {v}" for i, v in enumerate(values)))

@@ -4,10 +4,10 @@ Every function here is a rank function (``pool.run(fn, ...)`` / ``labutils.launc
 the notebook's classes as arguments, so what is checked is exactly the code the learner reads. Each builds
 the one-device reference from a seed (identical on every rank), runs the parallel version on this rank's
 share, compares output and every gradient with ``torch.testing.assert_close`` in float64, and returns
-``{check: True/False}``; ``table(reports)`` turns the ranks' reports into a DataFrame.
+``{check: True/False}``; ``labutils.instruments.compare.report`` prints the ranks' reports.
 
     reports = pool.run(verify.moe_matches, MoE, ExpertParallelMoE)
-    verify.table(reports)
+    compare.report(reports)
 
 Expected interfaces (the notebook's):
 * ``MoE(hidden, ffn, n_experts, top_k)`` with ``.router`` (nn.Linear), ``.experts`` (ModuleList);
@@ -252,14 +252,3 @@ def dtensor_step_sums_like_hand_written(rank: int, world_size: int, Block, Paral
     return {"before": before, "after": equal(),
             "placements": {name: str(tuple(getattr(p.grad, "placements", ("plain tensor",))))
                            for name, p in dt.named_parameters()}}
-
-
-# ----------------------------------------------------------------------------------- reports
-def table(reports: list[dict]):
-    """Per check: True when every rank's check passed, and the ranks where it did not."""
-    import pandas as pd
-    checks = [k for k, v in reports[0].items() if isinstance(v, bool)]
-    rows = [{"check": c, "every rank": all(r[c] for r in reports),
-             "ranks that differ": ", ".join(str(i) for i, r in enumerate(reports) if not r[c]) or "-"}
-            for c in checks]
-    return pd.DataFrame(rows).set_index("check")
