@@ -34,12 +34,13 @@ def test_report_prints_once_per_statement_and_says_where_ranks_differ(capsys):
     assert isinstance(pickle.loads(pickle.dumps(bad)), compare.Mismatch)       # it travels back from a rank
     ranks = [{"y == reference": True, "calls": 2, "m = 4": {"output": "ok", "shape": (2, 3)}},
              {"y == reference": True, "calls": 2, "m = 4": {"output": bad, "shape": (2, 3)}}]
-    assert compare.report(ranks, "check") is False
+    compare.report(ranks, "check")
+    assert compare.failures(ranks) == ["m = 4: output (rank 1)"]
     assert capsys.readouterr().out.splitlines() == [
         "check", "  y == reference: True", "  calls: 2",
         "  m = 4: output: ranks differ: rank 0 ok, rank 1 Tensor-likes are not close!", "  m = 4: shape: (2, 3)"]
-    assert compare.report([{"a": True}, {"a": True}]) is True
-    assert capsys.readouterr().out == "a: True\n"
+    compare.report([{"a": True}, {"a": True}], strict=True)
+    assert capsys.readouterr().out == "a: True\n" and compare.failures([{"a": True, "b": 2}]) == []
     with pytest.raises(AssertionError, match=r"does not hold: a \(rank 1\)"):
         compare.report([{"a": True}, {"a": False}], strict=True)
     with pytest.raises(TypeError, match="float.*HINT"):

@@ -32,7 +32,7 @@ FAST = dict(warmup=1, iters=1, repeat=2)
 
 
 def _all_true(reports) -> bool:
-    return compare.report(reports)
+    return not compare.failures(reports)
 
 
 # ------------------------------------------------------------------ the notebook's code vs one device

@@ -4,6 +4,7 @@
     compare.close(y, y_ref)              # True / False (tensors, or lists of tensors; devices aligned)
     compare.mismatch(x.grad, ref.grad)   # None when close, else what differs, in one line
     compare.report(pool.run(check))      # the ranks' {statement: value}, one line each, or raise (strict)
+    compare.failures(results)            # [] when every statement holds on every rank
 
 Tensors are compared on the CPU (a GPU result against a CPU reference is compared by value, and a
 mismatch reads the same on both backends); ``None`` matches only ``None``. ``tol`` are
@@ -63,21 +64,30 @@ def _statements(result: dict, prefix: str = "") -> dict:
     return out
 
 
-def report(results: list[dict], title: str = "", *, strict: bool = False) -> bool:
+def failures(results: list[dict]) -> list[str]:
+    """The statements of the ranks' ``results`` (as ``report`` takes them) that do not hold -- a value
+    ``False`` or a ``Mismatch`` on some rank -- each with those ranks when there are several results."""
+    per_rank = [_statements(r) for r in results]
+    failed = []
+    for name in per_rank[0]:
+        bad = [i for i, r in enumerate(per_rank) if r.get(name) is False or isinstance(r.get(name), Mismatch)]
+        if bad:
+            failed.append(f"{name} (rank {', '.join(map(str, bad))})" if len(per_rank) > 1 else name)
+    return failed
+
+
+def report(results: list[dict], title: str = "", *, strict: bool = False) -> None:
     """Print the ranks' ``results`` (one ``{statement: value}`` dict per rank, or one dict the ranks' results
     were already combined into; a nested dict's keys follow its statement, ``"m = 4: output"``):
     ``statement: value`` once when every rank agrees, else each rank's value; ``title`` first, when
-    given. The same text on gloo and NCCL.
-
-    Returns:
-        True when every statement holds on every rank: no value is ``False`` or a ``Mismatch``.
+    given. The same text on gloo and NCCL. A statement may be meant to be false (``sum == one device
+    with lr: False``); ``strict`` is for results that must all hold.
 
     Raises:
-        AssertionError: ``strict`` and some statement does not hold (it names them, with the ranks).
+        AssertionError: ``strict`` and some statement does not hold (``failures``: it names them, with the ranks).
         TypeError: a value is a float (machine-dependent text).
     """
     per_rank = [_statements(r) for r in results]
-    failed = []
     if title:
         print(title)
     for name in per_rank[0]:
@@ -85,9 +95,6 @@ def report(results: list[dict], title: str = "", *, strict: bool = False) -> boo
         shown = (str(values[0]) if all(v == values[0] for v in values)
                  else "ranks differ: " + ", ".join(f"rank {i} {v}" for i, v in enumerate(values)))
         print(f"{'  ' if title else ''}{name}: {shown}")
-        bad = [i for i, v in enumerate(values) if v is False or isinstance(v, Mismatch)]
-        if bad:
-            failed.append(f"{name} (rank {', '.join(map(str, bad))})" if len(per_rank) > 1 else name)
-    if strict and failed:
+    failed = failures(results) if strict else []
+    if failed:
         raise AssertionError(f"{title or 'result'}: does not hold: " + "; ".join(failed))
-    return not failed
