@@ -870,7 +870,6 @@ SP_PLAN = check.sp_plan(my_sp_plan, Block, ParallelBlock, pool=GLOO)
 # %%
 SP_DT = POOL.run(verify.dtensor_matches, Block, ParallelBlock, SP_PLAN, kwargs=dict(sequence_parallel=True))
 compare.report(SP_DT)
-pd.DataFrame({"placement of the gradient": SP_DT[0]["placements"]})
 
 # %% [markdown]
 # The LayerNorm's gradients are `Partial`: DTensor knows they are per-rank terms of a sum — exercise 3's
