@@ -34,6 +34,19 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     return fn(output, input, op=op, group=group, async_op=async_op)
 
 
+def process_group(handle):
+    """The ``ProcessGroup`` a dispatched communication op names: the boxed group a ``c10d`` op carries,
+    or the group name a functional collective carries; ``None`` where this torch cannot unbox or
+    resolve it (the caller then assumes the world)."""
+    try:
+        if isinstance(handle, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            return _resolve_process_group(handle)
+        return dist.ProcessGroup.unbox(handle)
+    except (AttributeError, ImportError, RuntimeError, TypeError, ValueError):
+        return None
+
+
 _NEW_NAMES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
 

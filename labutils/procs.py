@@ -91,21 +91,33 @@ def remove_stale_runs(directory: str | os.PathLike | None = None) -> list[Path]:
     return removed
 
 
-def rank_env(rank: int, world_size: int, port: int, backend: str, extra: dict | None = None) -> dict:
-    """Environment for one rank: torchrun-style variables plus loopback-only networking.
+def torchrun_env(rank: int, world_size: int, port: int, extra: dict | None = None) -> dict:
+    """This process's environment plus what ``torchrun`` gives one rank of a single-node job (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` = 127.0.0.1, ``MASTER_PORT``),
+    unbuffered output, loopback-only networking, then ``extra``: what any script that reads torchrun's
+    variables needs, nothing of labutils'.
 
     User settings win: ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` are only set when absent.
     """
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               LABUTILS_RANK=str(rank), PYTHONUNBUFFERED="1",
-               **{PARENT_ENV: f"{os.getpid()}:{psutil.Process().create_time()!r}"})
+               PYTHONUNBUFFERED="1")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def rank_env(rank: int, world_size: int, port: int, backend: str, extra: dict | None = None) -> dict:
+    """Environment for one labutils rank: ``torchrun_env`` plus this labutils on ``PYTHONPATH``, the
+    rank's number for labutils (``LABUTILS_RANK``), quiet C++ logging and NCCL's async error handling.
+    """
+    env = torchrun_env(rank, world_size, port)
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    env.update(LABUTILS_RANK=str(rank), **{PARENT_ENV: f"{os.getpid()}:{psutil.Process().create_time()!r}"})
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # keep C++ INFO/WARNING chatter out of cells
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if extra:

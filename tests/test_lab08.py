@@ -1,11 +1,10 @@
-"""Lab 08 (data parallelism) on CPU: the pure parts (formulas, trace arithmetic, verdicts), the notebook's
-code against the reference module, and every algorithm on real gloo ranks (one pool for the module).
+"""Lab 08 (data parallelism) on CPU: the pure parts (formulas, trace arithmetic, verdicts), and every
+algorithm -- the notebook's own code, taken from its source -- on real gloo ranks (one pool for the module).
 
 Run: pytest tests/test_lab08.py -q      (~1-2 min on 2 cores, mostly the gloo ranks)
 """
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,18 @@ from labutils import compat
 from labutils.checks import ExerciseError
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as C
-from labutils.labs.lab08_data_parallel import memory, overlap, reference, trace, verify
+from labutils.labs.lab08_data_parallel import memory, overlap, trace, verify
 from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
 import lab08_fakes as fakes  # tests/lab08_fakes.py
+from notebook_defs import load_definitions
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src" / "08_data_parallel.py"
+NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+             "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 
 # ---- pure parts -----------------------------------------------------------------------------------
@@ -115,19 +118,6 @@ def test_tail_is_the_compute_streams_wait_before_the_optimizer():
     assert trace.wait_before([(0, 1, "adam")], trace.is_optimizer_kernel) == 0  # nothing before it
 
 
-def test_profile_step_refuses_what_it_cannot_record(tmp_path):
-    with pytest.raises(ValueError, match="int >= 1"):
-        trace.profile_step(lambda: None, tmp_path / "x.json", steps=0)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not in use"):
-            trace.profile_step(lambda: None, tmp_path / "x.json", cpu=False)
-
-
-def test_settle_is_a_no_op_off_cuda():
-    """On the CPU nothing holds GPU memory: no collective is issued (none could be: no process group)."""
-    assert memory.settle(torch.device("cpu"), groups=(None, object())) is None
-
-
 def test_summarize_reads_kernels_phases_and_overlap():
     s = trace.summarize(fakes._events(comm_after_backward=False), lane="r0")
     assert s["comm_ms"] == pytest.approx(4.0) and s["n_comm_kernels"] == 8
@@ -138,13 +128,6 @@ def test_summarize_reads_kernels_phases_and_overlap():
     assert after["overlap_fraction"] == 0.0 and after["step_ms"] > s["step_ms"]
     with pytest.raises(ValueError, match="no GPU kernel"):
         trace.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}])
-
-
-def test_a_profiled_cpu_step_is_a_readable_gzip_trace(tmp_path):
-    path = trace.profile_step(lambda: torch.ones(8, 8) @ torch.ones(8, 8), tmp_path / "t" / "step.json.gz", steps=2)
-    events = trace.load_events(path)
-    assert path.exists() and path.suffix == ".gz"
-    assert sum(e.get("name") == "aten::matmul" for e in events) == 2
 
 
 def _verdicts(data) -> dict:
@@ -259,22 +242,14 @@ def test_prediction_checkers(capsys):
         check.prediction_bytes_per_param(16, "ZeRO-2", 2)
 
 
-def _functions(tree) -> dict:
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            out[node.name] = ast.dump(node)
-    return out
-
-
-def test_the_notebook_runs_the_reference_code():
-    """The notebook defines the code it teaches in its cells; ``reference`` must be the same code (the
-    measurements, checkers and tests run the module's copy outside the notebook)."""
-    nb = _functions(ast.parse(SRC.read_text()))
-    ref = _functions(ast.parse(Path(reference.__file__).read_text()))
-    for name in reference.__all__:
-        assert name in nb, f"the notebook no longer defines {name}"
-        assert nb[name] == ref[name], f"{name}: the notebook's code and reference.{name} differ"
+def test_record_takes_the_notebooks_code_and_refuses_its_stubs():
+    from labutils.labs.lab08_data_parallel import measure, record
+    with pytest.raises(ValueError, match="my_average_gradients, my_zero1_step still raises NotImplementedError.*HINT"):
+        record.zero_impl(NB)
+    solved = type(NB)(**vars(NB) | {"my_average_gradients": S.average_gradients, "my_zero1_step": S.zero1_step})
+    impl = record.zero_impl(solved)
+    assert impl["shard_of"] is NB.shard_of and impl["zero1_step"] is S.zero1_step
+    assert set(impl) == set(measure.ZERO_FUNCTIONS)
 
 
 def test_record_refuses_without_gpus_and_unknown_names(capsys):
@@ -294,8 +269,8 @@ def pool():
 
 
 def test_by_hand_matches_one_device_and_sum_scales_lr(pool):
-    r = pool.run(verify.check_by_hand, reference.replicate, reference.train_data_parallel,
-                 {"average": S.average_gradients, "sum": reference.all_reduce_sum})[0]
+    r = pool.run(verify.check_by_hand, NB.replicate, NB.train_data_parallel,
+                 {"average": S.average_gradients, "sum": NB.all_reduce_sum})[0]
     assert r["before replicate: the ranks' weights differ"] and r["after replicate: every rank holds rank 0's weights"]
     assert r["average, SGD with lr: == one device with lr"] and not r["average, SGD with lr: == one device with N x lr"]
     assert r["sum, SGD with lr: == one device with N x lr"] and not r["sum, SGD with lr: == one device with lr"]
@@ -307,9 +282,9 @@ def test_ddp_no_sync_and_bucket_views(pool):
         from torch.nn.parallel import DistributedDataParallel as DDP
         ddp = DDP(M.build_convnet(seed=rank))
         opt = torch.optim.SGD(ddp.parameters(), lr=verify.LR)
-        return reference.train_data_parallel(ddp, batches, opt, lambda m: None)
+        return NB.train_data_parallel(ddp, batches, opt, lambda m: None)
 
-    r = pool.run(verify.check_ddp, _train_ddp, reference.train_data_parallel, reference.accumulate,
+    r = pool.run(verify.check_ddp, _train_ddp, NB.train_data_parallel, NB.accumulate,
                  S.average_gradients)[0]
     assert r["DDP == data parallelism by hand (SGD)"] and r["DDP == one device on the whole batch (SGD)"]
     assert r["4 micro-batches: all-reduce calls without no_sync"] == 4
@@ -320,8 +295,8 @@ def test_ddp_no_sync_and_bucket_views(pool):
 
 
 def test_zero_1_and_2_match_data_parallel_adam(pool):
-    r = pool.run(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
-                 reference.zero2_step, S.average_gradients)[0]
+    r = pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+                 NB.zero2_step, S.average_gradients)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
     assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
     assert r["ZeRO-2: no rank holds a full gradient after backward"]
@@ -330,7 +305,7 @@ def test_zero_1_and_2_match_data_parallel_adam(pool):
 
 
 def test_fsdp2_matches_ddp_and_moves_3_psi(pool):
-    r = pool.run(verify.check_fsdp, reference.shard_transformer)[0]
+    r = pool.run(verify.check_fsdp, NB.shard_transformer)[0]
     assert all(v for k, v in r.items() if "==" in k), r
     assert r["FSDP2: communication per step in Ψ"] == "3.0"
     assert r["FSDP2, reshard_after_forward=False: communication per step in Ψ"] == "2.0"
@@ -341,8 +316,9 @@ def test_ledger_counts_what_each_collective_moves(pool):
     def rank_fn(rank, world_size):
         import torch.distributed as dist
         from labutils import compat
-        from labutils.labs.lab08_data_parallel.ledger import CollectiveLedger
-        with CollectiveLedger() as book:
+        from labutils.instruments.ledger import Ledger
+        from labutils.labs.lab08_data_parallel import ledger
+        with Ledger() as book:
             t = torch.ones(10)
             dist.all_reduce(t)                                    # 40 B, volume 2 S
             out = torch.empty(5)
@@ -350,18 +326,20 @@ def test_ledger_counts_what_each_collective_moves(pool):
             compat.all_gather_into_tensor(torch.empty(10), out)   # output 40 B
             dist.broadcast(t, src=0)                              # not a gradient collective
         with pytest.raises(ValueError):
-            book.volume_in_params(0)
-        return book.counts(), book.bytes_by_op(), book.volume_bytes(), book.volume_in_params(20), book.wire_bytes(2)
-    counts, by_op, volume, in_params, wire = pool.run(rank_fn)[0]
+            ledger.volume_in_params(book, 0)
+        gradients = ("all_reduce", "reduce_scatter", "all_gather")
+        return (book.counts(), [row["size_bytes"] for row in book.summary()], ledger.volume_bytes(book),
+                ledger.volume_in_params(book, 20), book.wire_bytes_per_rank(ops=gradients))
+    counts, sizes, volume, in_params, wire = pool.run(rank_fn)[0]
     assert counts == {"all_reduce": 1, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
-    assert by_op == {"all_reduce": 40, "reduce_scatter": 40, "all_gather": 40, "broadcast": 40}
-    assert volume == 160 and in_params == 2.0 and wire == 80
+    assert sizes == [40, 40, 40, 40]
+    assert volume == 160 and in_params == 2.0 and wire == 80     # a ring: (N - 1) / N of the volume
 
 
 def test_zero_with_padding_on_three_ranks(no_leaks):
     """ConvNet's sizes do not all divide by 3: the padded-copy path of shard_of and gather_param."""
-    r = labutils.launch(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
-                        reference.zero2_step, S.average_gradients, world_size=3, backend="gloo",
+    r = labutils.launch(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+                        NB.zero2_step, S.average_gradients, world_size=3, backend="gloo",
                         output="quiet", timeout=300)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
     assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
@@ -387,12 +365,12 @@ def _wrong_answers() -> dict:
         n = dist.get_world_size()
         for p, s in zip(params, shards):
             s.grad = torch.empty_like(s)
-            compat.reduce_scatter_tensor(s.grad, reference.padded_flat(p.grad, n))
+            compat.reduce_scatter_tensor(s.grad, NB.padded_flat(p.grad, n))
             p.grad = None
         optimizer.step()
         optimizer.zero_grad()
         for p, s in zip(params, shards):
-            reference.gather_param(p, s)
+            NB.gather_param(p, s)
 
     def _zero_no_gather(params, shards, optimizer):
         import torch.distributed as dist
@@ -400,17 +378,30 @@ def _wrong_answers() -> dict:
         n = dist.get_world_size()
         for p, s in zip(params, shards):
             s.grad = torch.empty_like(s)
-            compat.reduce_scatter_tensor(s.grad, reference.padded_flat(p.grad, n))
+            compat.reduce_scatter_tensor(s.grad, NB.padded_flat(p.grad, n))
             s.grad /= n
             p.grad = None
         optimizer.step()
         optimizer.zero_grad()
 
+    def _zero_all_reduce(params, shards, optimizer):  # right weights, but DDP's communication, not ZeRO's
+        import torch.distributed as dist
+        n, r = dist.get_world_size(), dist.get_rank()
+        for p, s in zip(params, shards):
+            dist.all_reduce(p.grad)
+            s.grad = NB.padded_flat(p.grad / n, n).chunk(n)[r].clone()
+            p.grad = None
+        optimizer.step()
+        optimizer.zero_grad()
+        for p, s in zip(params, shards):
+            NB.gather_param(p, s)
+
     def _zero_raises(params, shards, optimizer):
         raise RuntimeError("boom")
 
     return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "zero_no_divide": _zero_no_divide,
-            "zero_no_gather": _zero_no_gather, "zero_raises": _zero_raises}
+            "zero_no_gather": _zero_no_gather, "zero_all_reduce": _zero_all_reduce,
+            "zero_raises": _zero_raises}
 
 
 W = _wrong_answers()
@@ -434,8 +425,20 @@ def test_zero_step_checker(pool, capsys):
         check.zero_step(W['zero_no_divide'], pool=pool)
     with pytest.raises(ExerciseError, match="all-gather the shards"):
         check.zero_step(W['zero_no_gather'], pool=pool)
+    with pytest.raises(ExerciseError, match="but not as ZeRO-1.*HINT.*no all-reduce"):
+        check.zero_step(W['zero_all_reduce'], pool=pool)
     with pytest.raises(ExerciseError, match="raised RuntimeError: boom"):
         check.zero_step(W['zero_raises'], pool=pool)
+
+
+def test_zero_step_checker_on_three_ranks_with_padding(no_leaks):
+    """The checker's rank side on 3 ranks, where ConvNet's sizes need padding: ZeRO-1 passes, and a step that
+    all-reduces the full gradients is told apart by its communication alone (its weights are right)."""
+    from labutils.labs.lab08_data_parallel import exercises
+    for fn, want in ((S.zero1_step, "ok"), (W["zero_all_reduce"], "not_sharded")):
+        r = labutils.launch(exercises.run_zero_step, fn, W["stub"], world_size=3, backend="gloo",
+                            output="quiet", timeout=300)
+        assert [x["diagnosis"] for x in r] == [want] * 3 and not any(x["not_attempted"] for x in r)
 
 
 def test_checker_without_pool_uses_fresh_gloo_ranks(no_leaks, capsys):
@@ -461,11 +464,19 @@ def test_measurements_run_on_gloo(pool):
     assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and overlap.measures_exposed(d)
     got = C.ddp_verdicts(d)  # computable from a real run; no timeline on CPU ranks
     assert sum(v.verdict == C.NOT_MEASURED for v in got) == 4
-    z = measure.zero(pool, cfg)
+    z = measure.zero(pool, cfg, impl=ZERO_IMPL)
     assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
     assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])
-    f = C.fsdp_rows(measure.fsdp(pool, cfg))
+    f = C.fsdp_rows(measure.fsdp(pool, cfg, shard_transformer=NB.shard_transformer))
     assert not any("trace" in r for r in f.values())  # kernel timelines need GPUs
     assert f["FSDP2"]["volume_psi"] == pytest.approx(3.0, rel=0.01)
     assert f["FSDP2, reshard_after_forward=False"]["volume_psi"] == pytest.approx(2.0, rel=0.01)
     assert f["DDP"]["calls"]["all_reduce"] == 1
+
+
+def test_the_measurements_refuse_to_run_without_the_code_they_measure():
+    from labutils.labs.lab08_data_parallel import measure
+    with pytest.raises(ValueError, match="impl lacks"):
+        measure.zero(None, impl={"shard_of": NB.shard_of})
+    with pytest.raises(ValueError, match="shard_transformer=shard_transformer"):
+        measure.fsdp(None)

@@ -17,8 +17,9 @@ import labutils
 from labutils.checks import ExerciseError
 from labutils.checks import lab09 as check
 from labutils import compat
+from labutils.instruments import compare
 from labutils.labs.lab09_all_to_all import measure, verify
-from labutils.labs.lab09_all_to_all.wire import WireLedger
+from labutils.instruments.ledger import Ledger
 from labutils.labs.lab09_all_to_all.claims import CLAIMS
 from labutils.solutions import lab09 as solution
 
@@ -31,7 +32,7 @@ FAST = dict(warmup=1, iters=1, repeat=2)
 
 
 def _all_true(reports) -> bool:
-    return bool(verify.table(reports)["every rank"].all())
+    return not compare.failures(reports)
 
 
 # ------------------------------------------------------------------ the notebook's code vs one device
@@ -56,10 +57,11 @@ def test_expert_parallel_moe_refuses_a_wrong_number_of_experts(gloo2):
 
 def test_tp_block_equals_one_device_and_sp_needs_its_gradient_sync(gloo2):
     assert _all_true(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock, kwargs=dict(sequence_parallel=False)))
-    unsynced = verify.table(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock,
-                                      kwargs=dict(sequence_parallel=True)))["every rank"]
-    assert not unsynced[["grad of norm.weight", "grad of norm.bias", "grad of down_bias"]].any()
-    assert unsynced.drop(["grad of norm.weight", "grad of norm.bias", "grad of down_bias"]).all()
+    reports = gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock, kwargs=dict(sequence_parallel=True))
+    unsynced = {check: all(r[check] for r in reports) for check in reports[0]}
+    needs_sync = ["grad of norm.weight", "grad of norm.bias", "grad of down_bias"]
+    assert not any(unsynced[c] for c in needs_sync)
+    assert all(v for c, v in unsynced.items() if c not in needs_sync)
     assert _all_true(gloo2.run(verify.block_matches, nb.Block, nb.ParallelBlock,
                                kwargs=dict(sequence_parallel=True, sync=solution.sync_sp_grads)))
 
@@ -112,7 +114,7 @@ def _ledger_rank(rank, world_size):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     n = world_size
     x = torch.ones(6 * n, dtype=torch.float32)                       # 24 * n bytes
-    with WireLedger("p") as ledger:
+    with Ledger("p") as ledger:
         dist.all_reduce(x.clone())
         compat.all_gather_into_tensor(torch.empty(6 * n * n), x)      # S = gathered output
         compat.reduce_scatter_tensor(torch.empty(6), x.clone())        # S = input
@@ -123,9 +125,9 @@ def _ledger_rank(rank, world_size):
         dist.broadcast(x.clone(), src=0)
     mesh = init_device_mesh("cpu", (n,))
     d = distribute_tensor(torch.ones(2 * n, 3), mesh, [Shard(0)])
-    with WireLedger("dtensor") as dt:
+    with Ledger("dtensor") as dt:
         d.redistribute(mesh, [Replicate()]).to_local()               # a functional all-gather
-    return [(r.op, r.size_bytes, r.wire_bytes) for r in ledger.records], dt.rows()
+    return [(r.op, r.size_bytes, r.wire_bytes) for r in ledger.records], dt.summary()
 
 
 def test_ledger_counts_every_collective_with_nccl_tests_factors(gloo3):

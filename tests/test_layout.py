@@ -26,7 +26,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labutils"
 CORE = {"__init__", "__main__", "_rank", "launch", "procs", "rendezvous", "config", "errors", "compat",
-        "pickling", "nccl_groups", "timing", "bandwidth", "hw", "recorded", "plots", "claims"}
+        "pickling", "nccl_groups", "timing", "bandwidth", "hw", "recorded", "plots", "claims", "notebook_source"}
 # a top-level module must not be named for a lab's topic or for the benchmark
 LAB_OR_BENCH = re.compile(r"^(bench|lab\d*|tp|tensor|p2p|pipeline|cudacomm|cuda|copybw|overlap)(_|$)")
 

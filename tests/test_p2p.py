@@ -141,6 +141,21 @@ def test_harness_runs_variants_at_once_classifies_them_and_leaves_nothing(tmp_pa
     assert table.loc["crash", "outcome"] == "CRASH" and table.loc["ok", "rank 0's steps"].endswith("COMPLETED")
 
 
+def test_a_reproducer_gets_torchruns_environment_and_nothing_of_labutils():
+    """repro starts plain scripts with procs.torchrun_env; labutils' own ranks get rank_env, built on it."""
+    import os
+    from labutils import procs
+    env = procs.torchrun_env(1, 3, 29511, {"NCCL_CUMEM_ENABLE": 0})
+    torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    assert {k: env[k] for k in torchrun} == torchrun and env["NCCL_CUMEM_ENABLE"] == "0"
+    for labutils_only in ("LABUTILS_RANK", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_CPP_LOG_LEVEL", "PYTHONPATH"):
+        assert env.get(labutils_only) == os.environ.get(labutils_only), labutils_only
+    rank = procs.rank_env(1, 3, 29511, "gloo", {"NCCL_CUMEM_ENABLE": 0})
+    assert {k: rank[k] for k in torchrun} == torchrun and rank["LABUTILS_RANK"] == "1"
+    assert rank["TORCH_NCCL_ASYNC_ERROR_HANDLING"] and rank["NCCL_CUMEM_ENABLE"] == "0"
+
+
 def test_harness_rejects_bad_arguments(tmp_path):
     script = tmp_path / "toy.py"
     script.write_text(TOY)

@@ -65,10 +65,6 @@ def test_partition_errors(n, p):
         schedule.partition(n, p)
 
 
-def test_activation_bytes():
-    assert schedule.activation_bytes(1024, 4096, 2) == 8 * 2**20
-
-
 # ---------------------------------------------------------------- schedules
 
 @pytest.mark.parametrize("kind", schedule.SCHEDULES)
@@ -217,10 +213,13 @@ def test_make_schedule_rejects_unknown_schedule():
 def test_summarize_check_raises_on_mismatch(capsys):
     ok = {"not_attempted": False, 1: {"output": None, "grads": "ok", "n_grads": 3}}
     verify.report([ok, {**ok, 1: {"output": "ok", "grads": "ok", "n_grads": 3}}], "x")
-    assert "output == one device: True, gradients == one device: True (6 tensors on 2 ranks)" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines() == [
+        "x, 2 stages", "  m = 1: output == one device: True", "  m = 1: gradients == one device: True",
+        "  m = 1: gradient tensors on 2 ranks: 6"]
     bad = {**ok, 1: {"output": "output: Tensor-likes are not close!", "grads": "ok", "n_grads": 3}}
-    with pytest.raises(AssertionError, match="rank 1: output"):
+    with pytest.raises(AssertionError, match="does not hold: m = 1: output == one device$"):
         verify.report([ok, bad], "x")
+    assert "m = 1: output == one device: rank 1: output: Tensor-likes are not close!" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- analysis and verdicts (pure)

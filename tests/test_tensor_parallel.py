@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labutils import bandwidth, claims, compat
+from labutils.instruments import compare
 from labutils.checks import ExerciseError
 from labutils.checks import lab02 as check
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
@@ -40,8 +41,7 @@ def pool(request, gloo2, gloo3):
 
 
 def _all_ok(reports) -> bool:
-    table = verify.table(reports)
-    assert table["on every rank"].all(), table.to_string()
+    compare.report(reports, strict=True)
     return True
 
 
@@ -71,9 +71,8 @@ def test_verify_reports_a_wrong_operator(gloo2):
         @staticmethod
         def backward(ctx, grad):
             return grad, None
-    table = verify.table(gloo2.run(verify.operators, NoSumBackward, nb.ReduceFromTP))
-    assert not table.loc["f backward: dL/dx = sum of every rank's dL/dy", "on every rank"]
-    assert table.loc["f forward: y = x", "on every rank"]
+    with pytest.raises(AssertionError, match=r"does not hold: f backward: dL/dx = sum of every rank's dL/dy \(rank 0, 1\)"):
+        compare.report(gloo2.run(verify.operators, NoSumBackward, nb.ReduceFromTP), strict=True)
 
 
 def _count_all_reduces(rank, world_size, TensorParallelMLP):
@@ -249,21 +248,6 @@ def test_split_calls_pairs_the_calls_across_ranks():
     assert split == {"in_step_ms": 5.0, "transfer_ms": 1.0, "wait_ms": 4.0, "calls": 3}
     assert steps.split_calls([[], []])["transfer_ms"] is None
     assert steps.nccl_kernel_ms(lambda: None, 2, "cpu") == []
-
-
-def test_profiled_events_drop_the_warm_up_step():
-    from torch.profiler import ProfilerActivity, record_function
-    done = []
-
-    def step():
-        done.append(None)
-        with record_function(f"step{len(done)}"):
-            torch.ones(4).sum()
-    names = {e.name for e in steps.profiled_events(step, 2, [ProfilerActivity.CPU])}
-    assert {"step2", "step3"} <= names and "step1" not in names      # step 1 was the profiler's warm-up
-    for bad in (0, True, 1.5):
-        with pytest.raises(ValueError, match="calls must be an int"):
-            steps.profiled_events(step, bad, [ProfilerActivity.CPU])
 
 
 def _time_alone(rank, world_size):

@@ -77,6 +77,10 @@ _ZERO_HINTS = {
                      "after optimizer.step(), all-gather the shards into every parameter: "
                      "compat.all_gather_into_tensor(padded_flat(p.detach(), world_size), shard.detach().clone()), "
                      "and copy back when padding made padded_flat a copy"),
+    "not_sharded": ("your step gave the right weights, but not as ZeRO-1: it all-reduced or kept the full "
+                    "gradients, or the optimizer holds more than this rank's shards",
+                    "reduce-scatter padded_flat(p.grad, world_size) into shard.grad (no all-reduce), set p.grad = "
+                    "None, step the optimizer you were given, all-gather each shard back into its parameter"),
     "wrong_update": ("after your step the weights differ from data parallelism with the same AdamW",
                      "the step is: reduce-scatter and average the gradients into the shards, drop p.grad, "
                      "optimizer.step(), optimizer.zero_grad(), all-gather the shards into the parameters"),

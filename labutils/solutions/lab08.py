@@ -3,9 +3,24 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .. import compat
-from ..labs.lab08_data_parallel.reference import gather_param, padded_flat
+
+
+def padded_flat(t, world_size):
+    """``t`` flattened and zero-padded to a multiple of world_size (the notebook's helper)."""
+    flat = t.reshape(-1)
+    pad = -flat.numel() % world_size
+    return F.pad(flat, (0, pad)) if pad else flat
+
+
+def gather_param(p, shard):
+    """All-gather every rank's shard back into ``p`` (the notebook's helper)."""
+    full = padded_flat(p.detach(), dist.get_world_size())
+    compat.all_gather_into_tensor(full, shard.detach().clone())
+    if full.numel() != p.numel():
+        p.detach().copy_(full[: p.numel()].view_as(p))
 
 
 def average_gradients(model):

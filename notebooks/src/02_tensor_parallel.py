@@ -47,6 +47,7 @@ import labutils
 from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab02 as check
 from labutils.config import rank_device
+from labutils.instruments import compare
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
 from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_train_ms,
                                                         paths_verdicts, sweep_verdicts)
@@ -660,7 +661,7 @@ class ReduceFromTP(torch.autograd.Function):
 # hands the output gradient back unchanged (float64, `torch.testing.assert_close`):
 
 # %%
-verify.table(POOL.run(verify.operators, CopyToTP, ReduceFromTP))
+compare.report(POOL.run(verify.operators, CopyToTP, ReduceFromTP))
 
 # %% [markdown]
 # ### The column-parallel layer
@@ -694,7 +695,7 @@ class ColumnParallelLinear(nn.Module):
 # *whole* gradient of `X`:
 
 # %%
-verify.table(POOL.run(verify.column_parallel, ColumnParallelLinear))
+compare.report(POOL.run(verify.column_parallel, ColumnParallelLinear))
 
 # %% [markdown]
 # ### Exercise 2 — the source's `all_gather`, done right inside autograd
@@ -748,7 +749,7 @@ class RowParallelLinear(nn.Module):
 
 
 # %%
-verify.table(POOL.run(verify.row_parallel, RowParallelLinear))
+compare.report(POOL.run(verify.row_parallel, RowParallelLinear))
 
 # %% [markdown]
 # ### The MLP: one all-reduce forward, one backward
@@ -772,7 +773,7 @@ class TensorParallelMLP(nn.Module):
 
 
 # %%
-verify.table(POOL.run(verify.mlp, TensorParallelMLP))
+compare.report(POOL.run(verify.mlp, TensorParallelMLP))
 
 # %% [markdown]
 # **Predict:** on 2×H200, forward + backward of the MLP with hidden = 16384, 4096 tokens, bf16: what speedup

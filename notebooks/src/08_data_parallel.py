@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import labutils
 from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
+from labutils.instruments import compare
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
 from labutils.labs.lab08_data_parallel import measure, memory, model, overlap, verify
@@ -149,7 +150,7 @@ average_gradients = check.average_gradients(my_average_gradients, pool=POOL)
 
 # %%
 print(f"tolerance: {verify.TOLERANCE}; {verify.STEPS} steps; {verify.PER_RANK} images per rank and batch")
-verify.show(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
+compare.report(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
                      {"average": average_gradients, "sum": all_reduce_sum}))
 
 # %% [markdown]
@@ -201,12 +202,12 @@ def accumulate(ddp_model, micro_batches, use_no_sync):
 
 # %% [markdown]
 # `verify.check_ddp` trains with `train_ddp` and compares with part 1; accumulates 4 micro-batches with and
-# without `no_sync()`, counting the all-reduces (`ledger.CollectiveLedger` sees every collective that
+# without `no_sync()`, counting the all-reduces (`instruments.ledger.Ledger` sees every collective that
 # `torch.distributed` dispatches, DDP's included); and looks at where `p.grad` lives with
 # `gradient_as_bucket_view` off and on (a DDP communication hook hands us each bucket's flat buffer).
 
 # %%
-verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulate, average_gradients))
+compare.report(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulate, average_gradients))
 
 # %% [markdown]
 # **What this says.** DDP computes what part 1 computes. `no_sync()` turns N all-reduces of gradient
@@ -237,7 +238,7 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 #
 # **On the kernel timeline.** Timing says how much the step pays, not why. For that, a couple of steps and as
 # many `no_sync` steps of each configuration run under `torch.profiler` with **CUDA activity only**
-# (`trace.profile_step(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
+# (`profiler.profile(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
 # Kernels named `nccl…` are communication; AdamW's (`multi_tensor_apply…`, `…Adam…`) are the optimizer; every
 # other kernel is compute. Three readings, per step:
 #
@@ -523,7 +524,7 @@ def zero2_step(params, shards, optimizer):
 # %%
 ZERO_IMPL = {"shard_of": shard_of, "zero1_step": zero1_step, "zero2_attach": zero2_attach,
              "zero2_step": zero2_step, "average_gradients": average_gradients}
-verify.show(POOL.run(verify.check_zero, shard_of, zero1_step, zero2_attach, zero2_step, average_gradients))
+compare.report(POOL.run(verify.check_zero, shard_of, zero1_step, zero2_attach, zero2_step, average_gradients))
 
 # %% [markdown]
 # **Predict.** The transformer of part 2 (its Ψ is printed below) on 2 GPUs: how many bytes per parameter
@@ -599,7 +600,7 @@ def shard_transformer(model, reshard_after_forward=True, prefetch=0):
 
 # %%
 if HAVE_FSDP2:
-    verify.show(POOL.run(verify.check_fsdp, shard_transformer))
+    compare.report(POOL.run(verify.check_fsdp, shard_transformer))
 else:
     print(f"FSDP2 (torch.distributed.fsdp.fully_shard) is not in torch {torch.__version__}: it needs torch >= 2.6. "
           "The measurements below are the recorded ones.")
@@ -617,7 +618,7 @@ my_prediction_reshard_faster = None  # ✍ True, False, or None for "about the s
 # (`gradient_as_bucket_view=True`) and the FSDP2 variants. *State* is what is allocated between two steps
 # (weights, gradients, Adam state); *peak* is `torch.cuda.max_memory_allocated` over a step, activations
 # and gathered weights included; both above what the rank held before the model was built, read after
-# `memory.settle` — an asynchronous NCCL collective keeps its tensors alive until the process group's
+# `instruments.memory.settle` — an asynchronous NCCL collective keeps its tensors alive until the process group's
 # watchdog thread has seen it finish, so freed buckets would otherwise still count. FSDP2's default and
 # its explicit prefetch are also profiled for one step: *GPU idle* is the time in that step when nothing ran
 # on the GPU — no kernel, no memory copy.

@@ -37,6 +37,7 @@ import labutils
 from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab09 as check
 from labutils.config import rank_device
+from labutils.instruments import compare
 from labutils.labs.lab09_all_to_all import measure, verify, wire
 from labutils.labs.lab09_all_to_all.claims import CLAIMS, a2a_fit, skew_dispatch_predicted_ms
 
@@ -366,8 +367,8 @@ class ExpertParallelMoE(nn.Module):
 # %%
 MOE_CASES = {"top-1": dict(top_k=1), "top-2": dict(top_k=2),
              "top-1, every token to expert 0": dict(top_k=1, router_bias=50.0)}
-pd.DataFrame({case: verify.table(POOL.run(verify.moe_matches, MoE, ExpertParallelMoE, kwargs=kw))["every rank"]
-              for case, kw in MOE_CASES.items()})
+for case, kw in MOE_CASES.items():
+    compare.report(POOL.run(verify.moe_matches, MoE, ExpertParallelMoE, kwargs=kw), case)
 
 # %% [markdown]
 # ### What a skewed router costs
@@ -641,9 +642,8 @@ class ParallelBlock(nn.Module):
 # backward:
 
 # %%
-pd.DataFrame({name: verify.table(POOL.run(verify.block_matches, Block, ParallelBlock,
-                                          kwargs=dict(sequence_parallel=sp)))["every rank"]
-              for name, sp in (("TP", False), ("SP", True))})
+for name, sp in (("TP", False), ("SP", True)):
+    compare.report(POOL.run(verify.block_matches, Block, ParallelBlock, kwargs=dict(sequence_parallel=sp)), name)
 
 # %% [markdown]
 # TP matches everywhere. SP's output and the input's gradient match, and so do the shards of `W1` and `W2` —
@@ -675,7 +675,7 @@ SYNC = check.sync_sp_grads(my_sync_sp_grads, Block, ParallelBlock, pool=GLOO)
 # With it, SP equals the one-device block on the lab's ranks, every gradient included:
 
 # %%
-verify.table(POOL.run(verify.block_matches, Block, ParallelBlock, kwargs=dict(sequence_parallel=True, sync=SYNC)))
+compare.report(POOL.run(verify.block_matches, Block, ParallelBlock, kwargs=dict(sequence_parallel=True, sync=SYNC)))
 
 # %% [markdown]
 # ### Bytes on the wire
@@ -688,7 +688,7 @@ verify.table(POOL.run(verify.block_matches, Block, ParallelBlock, kwargs=dict(se
 my_prediction_sp_wire_ratio = None  # ✍ your number
 
 # %% [markdown]
-# `wire.WireLedger` is a `TorchDispatchMode`: it sees every collective that runs inside it — forward, backward
+# `instruments.ledger.Ledger` is a `TorchDispatchMode`: it sees every collective that runs inside it — forward, backward
 # and the gradient sync — and adds up what each rank sends with nccl-tests' factors
 # (`bandwidth.bus_factor(op, n) · S`). Here on a block with 128 tokens of the sequence per rank, batch 2,
 # hidden 256, in float64:
@@ -846,7 +846,7 @@ pd.DataFrame({"rank 0's parameter": POOL.run(dtensor_parameters)[0]})
 # checks as for the hand-written layer — against it, and against one device:
 
 # %%
-verify.table(POOL.run(verify.dtensor_matches, Block, ParallelBlock, tp_plan, kwargs=dict(sequence_parallel=False)))
+compare.report(POOL.run(verify.dtensor_matches, Block, ParallelBlock, tp_plan, kwargs=dict(sequence_parallel=False)))
 
 # %% [markdown]
 # ### Exercise 4 — the sequence-parallel plan
@@ -869,8 +869,7 @@ SP_PLAN = check.sp_plan(my_sp_plan, Block, ParallelBlock, pool=GLOO)
 
 # %%
 SP_DT = POOL.run(verify.dtensor_matches, Block, ParallelBlock, SP_PLAN, kwargs=dict(sequence_parallel=True))
-display(verify.table(SP_DT))
-pd.DataFrame({"placement of the gradient": SP_DT[0]["placements"]})
+compare.report(SP_DT)
 
 # %% [markdown]
 # The LayerNorm's gradients are `Partial`: DTensor knows they are per-rank terms of a sum — exercise 3's

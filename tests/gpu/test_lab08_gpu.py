@@ -12,11 +12,16 @@ import torch
 
 import labutils
 from labutils.labs.lab08_data_parallel import claims as C
-from labutils.labs.lab08_data_parallel import measure, overlap, reference, steps, trace, verify
+from labutils.labs.lab08_data_parallel import measure, overlap, steps, trace, verify
 from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
 from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from notebook_defs import load_definitions
+
+NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+             "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -40,7 +45,7 @@ def _train_ddp_factory():
         device = rank_device()
         ddp = DDP(M.build_convnet(device=device, seed=rank), device_ids=[device.index])
         opt = torch.optim.SGD(ddp.parameters(), lr=verify.LR)
-        return reference.train_data_parallel(ddp, batches, opt, lambda m: None)
+        return NB.train_data_parallel(ddp, batches, opt, lambda m: None)
     return train_ddp
 
 
@@ -58,19 +63,19 @@ def _as_expected(results):
 
 
 def test_by_hand_and_ddp_over_nccl(pool):
-    _as_expected(pool.run(verify.check_by_hand, reference.replicate, reference.train_data_parallel,
-                          {"average": S.average_gradients, "sum": reference.all_reduce_sum}))
-    r = _as_expected(pool.run(verify.check_ddp, _train_ddp_factory(), reference.train_data_parallel,
-                           reference.accumulate, S.average_gradients))
+    _as_expected(pool.run(verify.check_by_hand, NB.replicate, NB.train_data_parallel,
+                          {"average": S.average_gradients, "sum": NB.all_reduce_sum}))
+    r = _as_expected(pool.run(verify.check_ddp, _train_ddp_factory(), NB.train_data_parallel,
+                           NB.accumulate, S.average_gradients))
     assert r["4 micro-batches: all-reduce calls with no_sync"] == 1
     assert r["4 micro-batches: all-reduce calls without no_sync"] == 4
 
 
 def test_zero_and_fsdp2_over_nccl(pool):
-    r = _as_expected(pool.run(verify.check_zero, reference.shard_of, S.zero1_step, reference.zero2_attach,
-                           reference.zero2_step, S.average_gradients))
+    r = _as_expected(pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+                           NB.zero2_step, S.average_gradients))
     assert r["communication per step in Ψ: DDP by hand, ZeRO-1, ZeRO-2"] == "2.00, 2.00, 2.00"
-    r = _as_expected(pool.run(verify.check_fsdp, reference.shard_transformer))
+    r = _as_expected(pool.run(verify.check_fsdp, NB.shard_transformer))
     assert r["FSDP2: communication per step in Ψ"] == "3.0"
 
 
@@ -126,13 +131,13 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
     got = C.ddp_verdicts(d)
     assert len(got) == 9 and C.NOT_MEASURED not in {v.verdict for v in got}  # the CTA verdict included
 
-    z = measure.zero(pool, SMALL_BENCH)
+    z = measure.zero(pool, SMALL_BENCH, impl=ZERO_IMPL)
     peaks = [r["peak_bytes"] for r in z["rows"]]
     assert peaks[0] > peaks[1] > peaks[2] > 0  # DDP by hand > ZeRO-1 > ZeRO-2
     assert all(r["volume_psi"] == pytest.approx(2.0, rel=0.01) for r in z["rows"])
     C.zero_verdicts(z)
 
-    f = C.fsdp_rows(measure.fsdp(pool, SMALL_BENCH))
+    f = C.fsdp_rows(measure.fsdp(pool, SMALL_BENCH, shard_transformer=NB.shard_transformer))
     assert f["FSDP2"]["state_bytes"] < 0.7 * f["DDP"]["state_bytes"]
     for name in measure.traced_variants(SMALL_BENCH):
         assert len(f[name]["trace"]) == 2 and all(t["idle_ms"] >= 0 and t["n_comm_kernels"] >= 1
@@ -146,15 +151,16 @@ def test_ledger_and_trace_see_nccl_inside_backward(tmp_path):
     must hold NCCL kernels: both are what the recordings rest on."""
     def rank_fn(rank, world_size, folder):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from labutils.labs.lab08_data_parallel.ledger import CollectiveLedger
+        from labutils.instruments import profiler
+        from labutils.instruments.ledger import Ledger
         m = M.build_transformer(SMALL_BENCH, device="cuda")
         ddp = DDP(m, device_ids=[torch.cuda.current_device()], bucket_cap_mb=1)
         x, y = M.token_batch(SMALL_BENCH, 2, device="cuda")
         step = steps.train_step(ddp, torch.optim.AdamW(m.parameters()), x, y)
         step()
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             step()
-        path = trace.profile_step(step, f"{folder}/r{rank}.json.gz")
-        return book.counts().get("all_reduce", 0), trace.summarize(trace.load_events(path))["n_comm_kernels"]
+        doc = profiler.profile(step, path=f"{folder}/r{rank}.json.gz")
+        return book.counts().get("all_reduce", 0), trace.summarize(profiler.events(doc))["n_comm_kernels"]
     for calls, kernels in labutils.launch(rank_fn, str(tmp_path), world_size=2, backend="nccl", timeout=300):
         assert calls > 1 and kernels >= 1

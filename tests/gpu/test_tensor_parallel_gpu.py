@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import labutils
+from labutils.instruments import compare
 from labutils.labs.lab02_tensor_parallel import paths, script, steps, verify
 
 from conftest import gpu_count, needs_gpus
@@ -59,8 +60,7 @@ def test_notebook_code_matches_one_device_on_nccl(pool, check, classes):
     n = gpu_count()
     if check is not verify.operators and 12 % n:
         pytest.skip(f"the layer checks use 12 features, which {n} ranks do not divide")
-    table = verify.table(pool.run(check, *[getattr(nb, c) for c in classes]))
-    assert table["on every rank"].all(), table.to_string()
+    compare.report(pool.run(check, *[getattr(nb, c) for c in classes]), strict=True)
 
 
 def test_bf16_mlp_is_close(pool):

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ... import timing
+from ...instruments import profiler
 from ...config import rank_device
 
 MAX_REPEATS = 64  # cap on k, the compute kernel's repeats (tiny CPU kernels would ask for thousands)
@@ -205,20 +206,15 @@ def profile_transfer(transfer: Callable[[], list]) -> dict:
         (``engine`` "copy engine" for a ``Memcpy ...``, "SMs" for a kernel) and the CUDA runtime calls the
         host made (``cudaEventRecordWithFlags`` counted as ``cudaEventRecord``).
     """
-    from torch.profiler import ProfilerActivity, profile
     _wait(transfer())
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _wait(transfer())
-        torch.cuda.synchronize()
-    gpu, runtime = [], collections.Counter()
-    for e in prof.events():
-        if "CUDA" in str(e.device_type):
-            memcpy = e.name.startswith(("Memcpy", "Memset"))
-            gpu.append({"name": e.name, "engine": "copy engine" if memcpy else "SMs",
-                        "device": int(e.device_index), "dur_us": float(e.time_range.elapsed_us())})
-        else:
-            call = "cudaEventRecord" if e.name.startswith("cudaEventRecord") else e.name
+    doc = profiler.profile(lambda: _wait(transfer()), cpu=True)   # synchronised before the profile ends
+    gpu = [{"name": k["name"], "engine": "SMs" if k["kind"] in ("nccl", "compute") else "copy engine",
+            "device": k["device"], "dur_us": k["dur"]} for k in profiler.kernels(doc, copies=True)]
+    runtime = collections.Counter()
+    for e in profiler.events(doc):
+        if e.get("ph") == "X" and not str(e.get("cat", "")).startswith(("kernel", "gpu_")):  # host-side
+            call = "cudaEventRecord" if e["name"].startswith("cudaEventRecord") else e["name"]
             if call in _RUNTIME_CALLS:
                 runtime[call] += 1
     return {"gpu": gpu, "runtime": dict(sorted(runtime.items()))}

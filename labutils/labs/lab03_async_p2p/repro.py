@@ -17,7 +17,6 @@ leaves no process behind, also on Ctrl-C. ``classify`` (pure) turns what the pro
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -29,7 +28,7 @@ import time
 import weakref
 from pathlib import Path
 
-from ...procs import free_loopback_port, kill_tree
+from ...procs import free_loopback_port, kill_tree, torchrun_env
 
 COMPLETED, HANG, CRASH = "COMPLETED", "HANG", "CRASH"
 NOT_RECORDED = "NOT RECORDED"  # a placeholder recording: no GPU run yet (LABUTILS_RECORD=1 on 2 GPUs makes one)
@@ -38,18 +37,6 @@ _ERROR_PATTERNS = (r"illegal memory access", r"NCCL WARN", r"\w+Error\b.*", r"[E
 # NCCL's own log lines ("NCCL version ...", "host:pid:tid [dev] file:line NCCL WARN ..."): NCCL writes them to
 # standard output unless NCCL_DEBUG_FILE says otherwise, among the script's steps
 _NCCL_LINE = re.compile(r"\bNCCL (?:WARN|INFO|TRACE|version)\b")
-
-
-def _rank_env(rank: int, world_size: int, port: int, extra: dict) -> dict:
-    env = dict(os.environ)
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYTHONUNBUFFERED="1")
-    if sys.platform.startswith("linux"):  # loopback only, as labutils' own ranks
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 def _note_exit(proc: subprocess.Popen, ended_at: dict) -> None:
@@ -87,7 +74,7 @@ class Runs:
                     paths = (self._dir / f"{k}-{r}.out", self._dir / f"{k}-{r}.err")
                     self._files += [open(path, "wb") for path in paths]
                     p = subprocess.Popen([sys.executable, self.script, arg],
-                                         env=_rank_env(r, world_size, port, {**env, **extra}),
+                                         env=torchrun_env(r, world_size, port, {**env, **extra}),
                                          stdin=subprocess.DEVNULL, stdout=self._files[-2], stderr=self._files[-1],
                                          start_new_session=True, close_fds=True)
                     self._procs[name].append((p, paths))

@@ -10,7 +10,7 @@
 returned on the last rank) on the small float64 model (``SMALL``, built by ``model.make_blocks``)
 and compares the last stage's output and every stage's gradients with the one-device model, which
 each rank also computes; with ``record_order`` it also notes the order in which the stage ran the
-forward and backward of each micro-batch. ``report`` prints one line per number of micro-batches,
+forward and backward of each micro-batch. ``report`` prints one block per number of micro-batches (``compare.report``),
 or raises. Rank functions run on ``cuda:<rank>`` under NCCL and on the CPU under gloo.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...config import rank_device
+from ...instruments import compare
 from .model import make_batch, make_blocks
 from .schedule import partition
 
@@ -97,18 +98,22 @@ def against_one_device(rank, world_size, step, ms=(1, 4), cfg=None, fallback=Non
 
 
 def report(results: list, label: str) -> None:
-    """Print one line per m for the ranks' ``against_one_device`` results; raise on any mismatch.
+    """Print, through ``compare.report``, one block per m for the ranks' ``against_one_device`` results: the
+    last stage's output and every stage's gradients against the one-device model; raise on any mismatch.
 
     Raises:
         AssertionError: a rank's output or gradients differ from the one-device model.
     """
+    def holds(value):
+        return True if value == "ok" else compare.Mismatch(value)
+
     p = len(results)
-    ms = [k for k in results[0] if k != "not_attempted"]
-    for m in ms:
-        bad = [f"rank {r}: {res[m][k]}" for r, res in enumerate(results) for k in ("output", "grads")
-               if res[m][k] not in ("ok", None)]
-        if bad:
-            raise AssertionError(f"{label}, {p} stages, m = {m}: " + "; ".join(bad))
-        n = sum(res[m]["n_grads"] for res in results)
-        print(f"{label}, {p} stages, m = {m}: output == one device: True, "
-              f"gradients == one device: True ({n} tensors on {p} ranks)")
+    statements = {}
+    for m in (k for k in results[0] if k != "not_attempted"):
+        bad = [f"rank {r}: {res[m]['grads']}" for r, res in enumerate(results) if res[m]["grads"] != "ok"]
+        statements[f"m = {m}"] = {
+            "output == one device": holds(results[-1][m]["output"] if results[-1][m]["output"] == "ok"
+                                          else f"rank {p - 1}: {results[-1][m]['output']}"),
+            "gradients == one device": holds("; ".join(bad) or "ok"),
+            f"gradient tensors on {p} ranks": sum(res[m]["n_grads"] for res in results)}
+    compare.report([statements], f"{label}, {p} stages", strict=True)

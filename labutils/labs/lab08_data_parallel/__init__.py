@@ -1,6 +1,7 @@
-"""Lab 08 (data parallelism): the harness around what the notebook teaches.
+"""Lab 08 (data parallelism): the harness around what the notebook teaches. The lesson's code (by hand,
+ZeRO, FSDP2 wrapping) is the notebook's, defined in its cells; outside the notebook the tests and ``record``
+take it from ``notebooks/src/08_data_parallel.py`` (``labutils.notebook_source``).
 
-* ``reference`` -- the code the notebook teaches (by hand, ZeRO, FSDP2 wrapping), for use outside it.
 * ``model``   -- the workloads: a small CNN for the source's images, a stack of transformer blocks.
 * ``ledger``  -- count the bytes every collective moves (DDP, hand-written ZeRO, FSDP2 alike).
 * ``trace``   -- ``torch.profiler`` traces of steps -> compute / NCCL spans, their overlap, the tail before
@@ -16,5 +17,6 @@
 * ``overlap`` -- what ``08_ddp`` says: exposed time, overlap on the timeline, stretch and tail, best
   configuration (pure).
 * ``claims``  -- verdicts from the recordings.
-* ``record``  -- ``python -m labutils.labs.lab08_data_parallel.record``: all recordings in one pool.
+* ``record``  -- ``python -m labutils.labs.lab08_data_parallel.record``: all recordings in one pool, of the
+  notebook's code.
 """

@@ -2,18 +2,26 @@
 
 ``labutils.checks.lab08`` runs these on ranks (the notebook's pool, or fresh gloo ranks) and turns
 each diagnosis into a message with a HINT. A stub that raises ``NotImplementedError`` is replaced by
-the reference (``fallback``) and reported as not attempted.
+the checker's ``fallback`` and reported as not attempted.
+
+What a learner's function is judged against is torch's own code and the invariants of the scheme, never
+a second copy of the answer: one device on the whole batch (exercise 1), and DDP with the same AdamW on
+the full model (exercise 2), whose averaged gradients and weights a ZeRO-1 step must reproduce while each
+rank's optimizer holds, and its collectives hand over, only its shard.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.compare import close
+from labutils.instruments.ledger import Ledger
 
 from . import model as M
-from .reference import padded_flat, shard_of, split_batch, train_data_parallel
-from .verify import DTYPE, PER_RANK, close, image_batches, train_one_device, weights
+from .steps import wrap_ddp
+from .verify import DTYPE, PER_RANK, adam_state_numel, image_batches, split_batch, train_one_device, weights
 
 
 def _convnet():
@@ -52,7 +60,13 @@ def run_average(rank, world_size, fn, fallback, steps: int = 3) -> dict:
                                     local, world_size)
     data = image_batches(world_size, steps, device)
     dp, ref = _convnet(), _convnet()
-    train_data_parallel(dp, data, torch.optim.SGD(dp.parameters(), lr=0.1), used)
+    optimizer = torch.optim.SGD(dp.parameters(), lr=0.1)
+    for images, labels in data:  # SGD with the learner's reduction on this rank's share of each batch
+        x, y = split_batch(images, labels)
+        optimizer.zero_grad()
+        F.cross_entropy(dp(x), y).backward()
+        used(dp)
+        optimizer.step()
     train_one_device(ref, data, torch.optim.SGD(ref.parameters(), lr=0.1))
     return {"not_attempted": used is fallback, "gradients": diagnosis, "training": close(weights(dp), weights(ref))}
 
@@ -70,31 +84,52 @@ class _SeenAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def run_zero_step(rank, world_size, fn, fallback, average_gradients, steps: int = 3) -> dict:
-    """Exercise 2: ``fn(params, shards, optimizer)`` must be one ZeRO-1 step; compared, step by step,
-    with data parallelism by hand and the same AdamW on the full parameters."""
+def my_piece(t, world_size: int, rank: int):
+    """The layout the exercise states: rank r's shard of ``t`` is the r-th of world_size equal pieces of
+    ``t`` flattened and zero-padded to a multiple of world_size (a copy)."""
+    flat = t.detach().reshape(-1)
+    return F.pad(flat, (0, -flat.numel() % world_size)).chunk(world_size)[rank].clone()
+
+
+def _sharded(book: Ledger, shard_numel: int, world_size: int, itemsize: int) -> bool:
+    """ZeRO-1's communication: no all-reduce of full gradients; the reduce-scatters hand over the padded
+    gradients (world_size shards' worth) and the all-gathers gather as much back."""
+    sizes = {op: sum(r["size_bytes"] for r in book.summary(by=("op",)) if r["op"] == op)
+             for op in ("reduce_scatter", "all_gather")}
+    full = shard_numel * world_size * itemsize
+    return "all_reduce" not in book.counts() and sizes == {"reduce_scatter": full, "all_gather": full}
+
+
+def run_zero_step(rank, world_size, fn, fallback, average_gradients=None, steps: int = 3) -> dict:
+    """Exercise 2: ``fn(params, shards, optimizer)`` must be one ZeRO-1 step. Judged, step by step, against
+    torch's DDP with the same AdamW (lr 1e-2) on the full model: the gradients the optimizer is handed
+    are this rank's piece of DDP's averaged ones, the weights after the step are DDP's, no full gradient
+    is kept, the optimizer's state is that of the shards only, and the collectives are a reduce-scatter
+    and an all-gather of the padded gradients and weights (no all-reduce). ``average_gradients`` is
+    accepted for the checkers' call and not used: the averaging is DDP's."""
     device = rank_device()
     data = image_batches(world_size, steps, device)
-    ref = _convnet()
+    ref = wrap_ddp(_convnet(), device)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     m = _convnet()
     params = list(m.parameters())
-    shards = [shard_of(p, world_size, rank) for p in params]
+    shards = [nn.Parameter(my_piece(p, world_size, rank)) for p in params]
     opt = _SeenAdamW(shards, lr=1e-2)
+    shard_numel = sum(s.numel() for s in shards)
     used, diagnosis, at = fn, "ok", 0
-    mine = lambda ps: [padded_flat(p.detach(), world_size).chunk(world_size)[rank] for p in ps]  # noqa: E731
+    mine = lambda ps: [my_piece(p, world_size, rank) for p in ps]  # noqa: E731
     for at, (images, labels) in enumerate(data):
         x, y = split_batch(images, labels)
-        F.cross_entropy(ref(x), y).backward()
-        average_gradients(ref)
+        F.cross_entropy(ref(x), y).backward()  # DDP: every p.grad is the average over the ranks
         expected = mine([p.grad for p in ref.parameters()])
         ref_opt.step()
         ref_opt.zero_grad()
         F.cross_entropy(m(x), y).backward()
-        local = [g.clone() for g in mine([p.grad for p in params])]
+        local = mine([p.grad for p in params])
         before = len(opt.seen)
         try:
-            used(params, shards, opt)
+            with Ledger() as book:
+                used(params, shards, opt)
         except NotImplementedError:
             if at:
                 raise
@@ -106,7 +141,12 @@ def run_zero_step(rank, world_size, fn, fallback, average_gradients, steps: int 
         diagnosis = _gradient_diagnosis(opt.seen[-1], expected, local, world_size)
         if diagnosis != "ok":
             break
-        if not close(weights(m), weights(ref)):
-            diagnosis = "not_gathered" if close(mine(params), mine(ref.parameters())) else "wrong_update"
+        if not close(weights(m), weights(ref.module)):
+            diagnosis = "not_gathered" if close([s.detach() for s in shards], mine(ref.parameters())) else "wrong_update"
+            break
+        if used is fn and not (_sharded(book, shard_numel, world_size, params[0].element_size())
+                               and all(p.grad is None for p in params)
+                               and adam_state_numel(opt) == 2 * shard_numel):
+            diagnosis = "not_sharded"
             break
     return {"not_attempted": used is fallback, "diagnosis": diagnosis, "step": at + 1}

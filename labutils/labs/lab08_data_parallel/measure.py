@@ -2,17 +2,19 @@
 
     with labutils.RankPool(backend="nccl") as pool:
         ddp = measure.ddp(pool, trace_dir="traces")   # "08_ddp": one GPU vs DDP, bucket caps x CTAs, overlap
-        zero = measure.zero(pool)                     # "08_zero": memory and volume, DDP by hand / ZeRO-1 / -2
-        fsdp = measure.fsdp(pool)                     # "08_fsdp": DDP vs FSDP2 variants
+        zero = measure.zero(pool, impl=ZERO_IMPL)     # "08_zero": memory and volume, DDP by hand / ZeRO-1 / -2
+        fsdp = measure.fsdp(pool, shard_transformer=shard_transformer)  # "08_fsdp": DDP vs FSDP2 variants
 
 A training step is ``steps.train_step`` on ``model.BENCH``'s transformer with fp32 weights. Times: CUDA
 events, untimed warm-up steps, the median of ``cfg["repeat"]`` samples (08_ddp: ``cfg["paired_repeat"]``
 samples of ``cfg["paired_iters"]`` steps, step and no_sync in turn), each sample the slowest rank's
-(``timing``). Kernel timelines: the profiler with CUDA activity only (``trace.profile_step(cpu=False)``),
-so that the CPU profiler's cost on the issuing thread does not enter the figures. Memory: bytes allocated above what the rank held before the model was built
-(``memory.fresh_baseline``), read after ``memory.settle``. Volumes: the bytes handed to the collectives
-during one step (``ledger.CollectiveLedger``), in units of Psi elements. The code under test (ZeRO,
-FSDP2 wrapping) is passed in; the defaults are ``reference``'s. ``ddp_sweep`` is 08_ddp's rank side.
+(``timing``). Kernel timelines: the profiler with CUDA activity only
+(``instruments.profiler.profile(cpu=False)``), so that the CPU profiler's cost on the issuing thread does
+not enter the figures. Memory: bytes allocated above what the rank held before the model was built
+(``instruments.memory.fresh_baseline``), read after ``instruments.memory.settle``. Volumes: the bytes
+handed to the collectives during one step (``instruments.ledger.Ledger``), in units of Psi elements. The
+code under test (ZeRO, FSDP2 wrapping) is the caller's -- the notebook's own functions -- and always
+passed in. ``ddp_sweep`` is 08_ddp's rank side.
 """
 from __future__ import annotations
 
@@ -23,18 +25,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils import timing
 from labutils.config import rank_device
-from labutils.solutions import lab08 as solution
+from labutils.instruments import memory as gpu_memory, profiler
+from labutils.instruments.ledger import Ledger
 
-from . import memory, overlap, reference, steps, trace
+from . import memory, overlap, steps, trace
 from . import model as M
 from .ddp_sweep import ddp_rank
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
 
-REFERENCE_ZERO = {"shard_of": reference.shard_of, "zero1_step": solution.zero1_step,
-                  "zero2_attach": reference.zero2_attach, "zero2_step": reference.zero2_step,
-                  "average_gradients": solution.average_gradients}
-
+ZERO_FUNCTIONS = ("shard_of", "zero1_step", "zero2_attach", "zero2_step", "average_gradients")
 
 # ---- 08_ddp ----------------------------------------------------------------------------------------
 def ddp(pool, cfg: dict | None = None, trace_dir=None) -> dict:
@@ -61,7 +62,7 @@ def ddp(pool, cfg: dict | None = None, trace_dir=None) -> dict:
 def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
     """One scheme of ``zero_rank``; everything it allocated is freed when it returns."""
     psi = M.n_params(cfg)
-    base = memory.fresh_baseline(device)
+    base = gpu_memory.fresh_baseline(device)
     m = M.build_transformer(cfg, device=device)
     params = list(m.parameters())
     shards = params if scheme == "DDP" else [impl["shard_of"](p, world_size, rank) for p in params]
@@ -81,12 +82,13 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
 
     step()
     step()  # Adam's state exists from the first step on: now the steady state
-    memory.reset_peak(device)
-    with CollectiveLedger() as book:
+    gpu_memory.reset_peak(device)
+    with Ledger() as book:
         step()
-    row = {"scheme": scheme, "peak_bytes": steps.max_over_ranks(memory.peak(device) - base, device),
+    peak, = timing.slowest_rank([gpu_memory.peak(device) - base])      # the largest over the ranks
+    row = {"scheme": scheme, "peak_bytes": peak,
            "predicted_bytes": memory.predicted_bytes(scheme, psi, world_size),
-           "volume_psi": book.volume_in_params(psi), "calls": book.counts()}
+           "volume_psi": volume_in_params(book, psi), "calls": book.counts()}
     for h in hooks:
         h.remove()
     return row
@@ -94,10 +96,10 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
 
 def zero_rank(rank, world_size, cfg: dict, impl: dict) -> dict:
     """Peak memory and volume per step of data parallelism by hand, ZeRO-1 and ZeRO-2 (fp32, a tiny
-    batch so that the model states dominate), with the notebook's (or the reference) functions."""
+    batch so that the model states dominate), with the notebook's functions."""
     device = rank_device()
     steps.prepare(device)
-    memory.settle(device)  # what the measurements before left behind is gone before the first baseline
+    gpu_memory.settle(device)  # what the measurements before left behind is gone before the first baseline
     x, y = M.token_batch(cfg, cfg["memory_rows"], seq=cfg["memory_seq"], seed=rank, device=device)
     rows = [_zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device)
             for scheme in ("DDP", "ZeRO-1", "ZeRO-2")]
@@ -105,8 +107,17 @@ def zero_rank(rank, world_size, cfg: dict, impl: dict) -> dict:
 
 
 def zero(pool, cfg: dict | None = None, impl: dict | None = None) -> dict:
-    """Recording ``08_zero`` (see ``zero_rank``); ``impl`` defaults to ``REFERENCE_ZERO``."""
-    return pool.run(zero_rank, cfg or M.BENCH, impl or REFERENCE_ZERO, timeout=300, output="quiet")[0]
+    """Recording ``08_zero`` (see ``zero_rank``) of the ZeRO code in ``impl``: ``{"shard_of", "zero1_step",
+    "zero2_attach", "zero2_step", "average_gradients"}``, the notebook's functions.
+
+    Raises:
+        ValueError: ``impl`` is missing one of them.
+    """
+    missing = [k for k in ZERO_FUNCTIONS if not callable((impl or {}).get(k))]
+    if missing:
+        raise ValueError(f"measure.zero needs the ZeRO code to measure; impl lacks {missing}. HINT: pass "
+                         "impl={'shard_of': shard_of, ...} with the notebook's functions (its ZERO_IMPL).")
+    return pool.run(zero_rank, cfg or M.BENCH, impl, timeout=300, output="quiet")[0]
 
 
 # ---- 08_fsdp ---------------------------------------------------------------------------------------
@@ -127,8 +138,8 @@ def _kernel_summary(step, rank: int) -> dict:
     dist.barrier()
     torch.cuda.synchronize()
     with tempfile.TemporaryDirectory(prefix="lab08-fsdp-") as folder:
-        path = trace.profile_step(step, Path(folder) / f"step_rank{rank}.json", cpu=False)
-        summary = trace.summarize(trace.load_events(path), lane=f"rank {rank}")
+        doc = profiler.profile(step, cpu=False, path=Path(folder) / f"step_rank{rank}.json")
+        summary = trace.summarize(profiler.events(doc), lane=f"rank {rank}")
     return {k: v for k, v in summary.items() if k != "spans"}
 
 
@@ -145,15 +156,15 @@ def _groups_of(module) -> list:
 def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
     """DDP (bucket views) and FSDP2 variants: state bytes after a step, peak bytes, step time, volume; on
     GPUs, for ``traced_variants``, a profiler summary of one step (``row["trace"]``, this rank's)."""
-    reference.require_fsdp2()
+    steps.require_fsdp2()
     device = rank_device()
     steps.prepare(device)
     psi = M.n_params(cfg)
     x, y = M.token_batch(cfg, cfg["batch_per_rank"], seed=rank, device=device)
     rows = []
     for name, kwargs in fsdp_variants(cfg).items():
-        memory.settle(device)
-        base = memory.fresh_baseline(device)
+        gpu_memory.settle(device)
+        base = gpu_memory.fresh_baseline(device)
         m = M.build_transformer(cfg, device=device)
         wrapped = (steps.wrap_ddp(m, device, gradient_as_bucket_view=True) if kwargs is None
                    else shard_transformer(m, **kwargs))
@@ -162,15 +173,15 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
         step = steps.train_step(wrapped, opt, x, y)
         for _ in range(cfg["warmup"]):
             step()
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             step()
-        memory.settle(device, groups)
-        state = memory.allocated(device) - base  # weights + gradients + Adam state, between steps
-        memory.reset_peak(device)
+        gpu_memory.settle(device, groups)
+        state = gpu_memory.allocated(device) - base  # weights + gradients + Adam state, between steps
+        gpu_memory.reset_peak(device)
         step()
-        peak = memory.peak(device) - base
-        row = {"name": name, "state_bytes": steps.max_over_ranks(state, device),
-               "peak_bytes": steps.max_over_ranks(peak, device), "volume_psi": book.volume_in_params(psi),
+        peak = gpu_memory.peak(device) - base
+        state, peak = timing.slowest_rank([state, peak])             # the largest over the ranks
+        row = {"name": name, "state_bytes": state, "peak_bytes": peak, "volume_psi": volume_in_params(book, psi),
                "calls": book.counts(), "step_ms": steps.time_ms(step, cfg["repeat"], device)}
         if device.type == "cuda" and name in traced_variants(cfg):
             row["trace"] = _kernel_summary(step, rank)
@@ -180,9 +191,17 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
 
 
 def fsdp(pool, cfg: dict | None = None, shard_transformer=None) -> dict:
-    """Recording ``08_fsdp`` (see ``fsdp_rank``); ``shard_transformer`` defaults to the reference. A
-    traced row's ``"trace"`` holds every rank's summary: ``row["trace"][rank]``."""
-    results = pool.run(fsdp_rank, cfg or M.BENCH, shard_transformer or reference.shard_transformer,
+    """Recording ``08_fsdp`` (see ``fsdp_rank``) of ``shard_transformer`` (the notebook's FSDP2 wrapping).
+    A traced row's ``"trace"`` holds every rank's summary: ``row["trace"][rank]``.
+
+    Raises:
+        ImportError: this torch has no FSDP2. ValueError: no ``shard_transformer`` given.
+    """
+    steps.require_fsdp2()
+    if not callable(shard_transformer):
+        raise ValueError(f"measure.fsdp needs the FSDP2 wrapping to measure, got {shard_transformer!r}. "
+                         "HINT: pass shard_transformer=shard_transformer, the notebook's function.")
+    results = pool.run(fsdp_rank, cfg or M.BENCH, shard_transformer,
                        timeout=300, output="quiet")
     data = results[0]
     for i, row in enumerate(data["rows"]):

@@ -5,8 +5,9 @@
 
 Saves ``notebooks/recorded/08_ddp.json``, ``08_zero.json``, ``08_fsdp.json`` (with this machine's
 fingerprint) and the DDP traces under ``notebooks/traces/``; prints each recording's verdicts. It runs
-the reference implementations (``reference``, ``labutils.solutions.lab08``), which are the notebook's
-code. Executing the notebook with ``LABUTILS_RECORD=1`` records the same three files.
+the notebook's own code, taken from ``notebooks/src/08_data_parallel.py`` (the lesson's functions and the
+two exercises as written there: it refuses to record while an exercise is still a stub). Executing the
+notebook with ``LABUTILS_RECORD=1`` records the same three files.
 """
 from __future__ import annotations
 
@@ -16,13 +17,35 @@ import time
 from pathlib import Path
 
 from labutils import claims, recorded
+from labutils.notebook_source import load_definitions
 
 from . import measure
 from .claims import CLAIMS
 
-MEASUREMENTS = {"ddp": ("08_ddp", lambda pool, traces: measure.ddp(pool, trace_dir=traces)),
-                "zero": ("08_zero", lambda pool, traces: measure.zero(pool)),
-                "fsdp": ("08_fsdp", lambda pool, traces: measure.fsdp(pool))}
+NOTEBOOK = "08_data_parallel"
+# the notebook's names of the ZeRO code measure.zero runs: its lesson functions and its two exercises
+ZERO_NAMES = {"shard_of": "shard_of", "zero1_step": "my_zero1_step", "zero2_attach": "zero2_attach",
+              "zero2_step": "zero2_step", "average_gradients": "my_average_gradients"}
+
+
+def zero_impl(nb) -> dict:
+    """``measure.zero``'s ``impl`` from the notebook's definitions ``nb``.
+
+    Raises:
+        ValueError: an exercise is still the notebook's stub (it raises NotImplementedError).
+    """
+    stubs = [name for name in ("my_average_gradients", "my_zero1_step")
+             if "NotImplementedError" in getattr(nb, name).__code__.co_names]
+    if stubs:
+        raise ValueError(f"the notebook's exercise {', '.join(stubs)} still raises NotImplementedError, and lab "
+                         "08 records the code the notebook runs. HINT: record from the course's edition of notebooks/src/"
+                         f"{NOTEBOOK}.py, whose exercise cells hold the answers, or write them first.")
+    return {key: getattr(nb, name) for key, name in ZERO_NAMES.items()}
+
+
+MEASUREMENTS = {"ddp": ("08_ddp", lambda pool, traces, nb: measure.ddp(pool, trace_dir=traces)),
+                "zero": ("08_zero", lambda pool, traces, nb: measure.zero(pool, impl=zero_impl(nb))),
+                "fsdp": ("08_fsdp", lambda pool, traces, nb: measure.fsdp(pool, shard_transformer=nb.shard_transformer))}
 
 
 def main(argv=None) -> int:
@@ -40,11 +63,12 @@ def main(argv=None) -> int:
               "HINT: run this on the GPU machine; elsewhere the notebook shows the recordings.", file=sys.stderr)
         return 2
     traces = Path(labutils.__file__).resolve().parent.parent / "notebooks" / "traces"
+    nb = load_definitions(NOTEBOOK)
     with labutils.RankPool(backend="nccl") as pool:
         for key in args.which or list(MEASUREMENTS):
             name, fn = MEASUREMENTS[key]
             t0 = time.perf_counter()
-            data = fn(pool, traces)
+            data = fn(pool, traces, nb)
             print(f"{name}: measured in {time.perf_counter() - t0:.1f} s")
             claims.show(CLAIMS[name](data))
             if not args.no_save:

@@ -1,10 +1,10 @@
 """Correctness runs for lab 08 on any ranks: gloo with CPU tensors, or NCCL with one GPU per rank.
 
     results = pool.run(verify.check_by_hand, replicate, train_data_parallel, {"average": avg, "sum": s})
-    verify.show(results)            # one "statement: value" line each, identical on CPU and GPUs
+    compare.report(results)         # one "statement: value" line each, identical on CPU and GPUs
 
 Each ``check_*`` is a rank function returning ``{statement: value}`` (booleans, small ints, rounded
-figures); ``show`` prints them once every rank agrees. The code under test is passed in -- the
+figures); ``labutils.instruments.compare.report`` prints them once every rank agrees. The code under test is passed in -- the
 notebook's own functions -- and compared with a one-device run or with DDP. Everything is float64,
 so "==" means equal to rounding: ``torch.testing.assert_close``'s float64 defaults, rtol = atol = 1e-7.
 """
@@ -15,25 +15,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.compare import close
+from labutils.instruments.ledger import Ledger
 
 from . import model as M
-from .ledger import CollectiveLedger
-from .reference import require_fsdp2, split_batch
+from .ledger import volume_in_params
+from .steps import require_fsdp2, wrap_ddp
 
 DTYPE = torch.float64
 PER_RANK = 4  # images per rank in every batch
 STEPS = 5
 LR = 0.1
 TOLERANCE = "float64, torch.testing.assert_close defaults: rtol 1e-07, atol 1e-07"
-
-
-def close(a, b, **tol) -> bool:
-    """``torch.testing.assert_close`` as a boolean (lists of tensors; devices aligned)."""
-    try:
-        torch.testing.assert_close([t.detach().cpu() for t in a], [t.detach().cpu() for t in b], **tol)
-        return True
-    except AssertionError:
-        return False
 
 
 def weights(model) -> list:
@@ -56,6 +49,13 @@ def image_batches(world_size: int, steps: int, device) -> list:
     return [M.image_batch(PER_RANK * world_size, seed=s, device=device, dtype=DTYPE) for s in range(steps)]
 
 
+def split_batch(images, labels):
+    """This rank's share of a global batch: the r-th of world_size equal slices (the checkers' and the
+    correctness runs' split; the notebook teaches its own)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    return images.chunk(world_size)[rank], labels.chunk(world_size)[rank]
+
+
 def train_one_device(model, batches, optimizer):
     """The reference: the whole batch on one device, one step per batch."""
     for images, labels in batches:
@@ -63,12 +63,6 @@ def train_one_device(model, batches, optimizer):
         F.cross_entropy(model(images), labels).backward()
         optimizer.step()
     return model
-
-
-def _ddp(module, **kwargs):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    device = rank_device()
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
 
 def _convnet(seed: int = 0):
@@ -127,11 +121,11 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
     images, labels = M.image_batch(PER_RANK * world_size * micro_batches, seed=99, device=device, dtype=DTYPE)
     x, y = split_batch(images, labels)
     micro = list(zip(x.chunk(micro_batches), y.chunk(micro_batches)))
-    ddp = _ddp(_convnet())
+    ddp = wrap_ddp(_convnet(), rank_device())
     grads, calls = {}, {}
     for use_no_sync in (False, True):
         ddp.zero_grad(set_to_none=True)
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             accumulate(ddp, micro, use_no_sync)
         calls[use_no_sync] = book.counts().get("all_reduce", 0)
         grads[use_no_sync] = [p.grad.clone() for p in ddp.parameters()]
@@ -149,7 +143,7 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
             buffers.append(bucket.buffer())
             return default_hooks.allreduce_hook(None, bucket)
 
-        ddp = _ddp(_convnet(), gradient_as_bucket_view=as_view)
+        ddp = wrap_ddp(_convnet(), rank_device(), gradient_as_bucket_view=as_view)
         ddp.register_comm_hook(None, keep_bucket)
         for _ in range(2):  # grads become views of the buckets after the first iteration
             buffers.clear()
@@ -185,7 +179,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         opt = torch.optim.AdamW(shards, lr=1e-2)
         hooks = zero2_attach(params, shards) if scheme == "ZeRO-2" else []
         freed = True
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for images, labels in data:
                 x, y = split_batch(images, labels)
                 F.cross_entropy(m(x), y).backward()
@@ -201,7 +195,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         for h in hooks:
             h.remove()
         runs[scheme] = {"weights": weights(m), "state": adam_state_numel(opt), "freed": freed,
-                        "volume": book.volume_in_params(sum(p.numel() for p in params)) / steps}
+                        "volume": volume_in_params(book, sum(p.numel() for p in params)) / steps}
     base = runs["DDP by hand"]
     out = {}
     for scheme in ("ZeRO-1", "ZeRO-2"):
@@ -232,16 +226,16 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
         wrapped = wrap(m)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
         losses = []
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for _ in range(steps):
                 opt.zero_grad()
                 loss = F.mse_loss(wrapped(x), y)
                 loss.backward()
                 opt.step()
                 losses.append(loss.detach())
-        return losses, weights(m), book.volume_in_params(psi) / steps
+        return losses, weights(m), volume_in_params(book, psi) / steps
 
-    ddp = run(_ddp)
+    ddp = run(lambda m: wrap_ddp(m, device))
     out = {"DDP: communication per step in Ψ": f"{ddp[2]:.1f}"}
     for name, kwargs in FSDP_VARIANTS.items():
         losses, w, volume = run(lambda m, kw=kwargs: shard_transformer(m, **kw))
@@ -249,14 +243,3 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
         out[f"{name}: weights == DDP's"] = close(w, ddp[1])
         out[f"{name}: communication per step in Ψ"] = f"{volume:.1f}"
     return out
-
-
-def show(results: list[dict]) -> None:
-    """Print ``statement: value`` once if every rank agrees, else each rank's value (and say so)."""
-    keys = list(results[0])
-    for key in keys:
-        values = [r.get(key) for r in results]
-        if all(v == values[0] for v in values):
-            print(f"{key}: {values[0]}")
-        else:
-            print(f"{key}: ranks disagree: " + ", ".join(f"rank {i} {v}" for i, v in enumerate(values)))

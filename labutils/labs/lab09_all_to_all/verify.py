@@ -4,10 +4,10 @@ Every function here is a rank function (``pool.run(fn, ...)`` / ``labutils.launc
 the notebook's classes as arguments, so what is checked is exactly the code the learner reads. Each builds
 the one-device reference from a seed (identical on every rank), runs the parallel version on this rank's
 share, compares output and every gradient with ``torch.testing.assert_close`` in float64, and returns
-``{check: True/False}``; ``table(reports)`` turns the ranks' reports into a DataFrame.
+``{check: True/False}``; ``labutils.instruments.compare.report`` prints the ranks' reports.
 
     reports = pool.run(verify.moe_matches, MoE, ExpertParallelMoE)
-    verify.table(reports)
+    compare.report(reports)
 
 Expected interfaces (the notebook's):
 * ``MoE(hidden, ffn, n_experts, top_k)`` with ``.router`` (nn.Linear), ``.experts`` (ModuleList);
@@ -23,20 +23,12 @@ import torch
 import torch.distributed as dist
 
 from ...config import rank_device
-from .wire import SavedTensors, WireLedger, dropout_mask_bytes, saved_bytes_predicted
+from ...instruments.compare import close
+from ...instruments.ledger import Ledger
+
+from .wire import SavedTensors, dropout_mask_bytes, saved_bytes_predicted
 
 DTYPE = torch.float64  # rounding cannot hide a bug, and NCCL and gloo both move float64
-
-
-def close(got, expected) -> bool:
-    """``torch.testing.assert_close`` as a boolean (None vs a tensor is a mismatch)."""
-    if got is None or expected is None:
-        return got is None and expected is None
-    try:
-        torch.testing.assert_close(got.detach(), expected.detach())
-        return True
-    except AssertionError:
-        return False
 
 
 def _inputs(shape, seed: int, device):
@@ -142,7 +134,7 @@ def block_matches(rank: int, world_size: int, Block, ParallelBlock, *, sequence_
 
 def traffic(rank: int, world_size: int, Block, ParallelBlock, *, sync=None, plans: dict | None = None,
             seed: int = 0, shape: dict | None = None) -> list[dict]:
-    """Collectives of one forward and one backward pass of each variant, counted by ``WireLedger``.
+    """Collectives of one forward and one backward pass of each variant, counted by ``instruments.ledger.Ledger``.
 
     Variants: ``"TP"`` and ``"SP"`` (hand-written; SP followed by ``sync``), and one per entry of
     ``plans``: ``{"DTensor TP": (plan_fn, sequence_parallel), ...}`` with ``plan_fn()`` returning a
@@ -160,14 +152,14 @@ def traffic(rank: int, world_size: int, Block, ParallelBlock, *, sync=None, plan
     for layer, (build, sp, after) in variants.items():
         block = build()
         xs = x.chunk(world_size)[rank] if sp else x
-        with WireLedger("forward") as fwd:
+        with Ledger("forward") as fwd:
             y = block(xs.clone().requires_grad_())
-        with WireLedger("backward") as bwd:
+        with Ledger("backward") as bwd:
             y.backward(dy.chunk(world_size)[rank] if sp else dy)
-        with WireLedger("gradient sync") as grads:
+        with Ledger("gradient sync") as grads:
             if after is not None:
                 after(block, None)
-        rows += [dict(r, layer=layer) for r in fwd.rows() + bwd.rows() + grads.rows()]
+        rows += [dict(r, layer=layer) for r in fwd.summary() + bwd.summary() + grads.summary()]
     return rows
 
 
@@ -260,14 +252,3 @@ def dtensor_step_sums_like_hand_written(rank: int, world_size: int, Block, Paral
     return {"before": before, "after": equal(),
             "placements": {name: str(tuple(getattr(p.grad, "placements", ("plain tensor",))))
                            for name, p in dt.named_parameters()}}
-
-
-# ----------------------------------------------------------------------------------- reports
-def table(reports: list[dict]):
-    """Per check: True when every rank's check passed, and the ranks where it did not."""
-    import pandas as pd
-    checks = [k for k, v in reports[0].items() if isinstance(v, bool)]
-    rows = [{"check": c, "every rank": all(r[c] for r in reports),
-             "ranks that differ": ", ".join(str(i) for i, r in enumerate(reports) if not r[c]) or "-"}
-            for c in checks]
-    return pd.DataFrame(rows).set_index("check")
