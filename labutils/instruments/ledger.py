@@ -45,9 +45,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import bandwidth, compat
+from ..compat import TorchDispatchMode
 
 # c10d operator -> (op name as bandwidth spells it, index of its process-group argument)
 _C10D = {
@@ -131,7 +131,7 @@ class Ledger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if compat.is_higher_order_operator(func):
             return func(*args, **kwargs)
         if any(issubclass(t, DTensor) for t in types):
             # A mode runs before tensor subclasses: step aside, let DTensor turn the op into collectives
