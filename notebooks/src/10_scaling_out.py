@@ -21,8 +21,8 @@
 # by this notebook's own code on 2×H200, labelled **RECORDED** — and where that recording does not exist
 # yet, they say so and show nothing in its place.
 #
-# **Time:** 80 min of study (three exercises, four predictions); not yet recorded on 2×H200, about 80 s on a
-# 2-core CPU.
+# **Time:** 80 min of study (three exercises, one of them a prediction, and two more predictions); its run time
+# is not yet recorded on 2×H200; about 70 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import os
@@ -229,10 +229,10 @@ claims.show(CLAIMS["10_cost_vs_n"](C))
 # socket through the same few cores and the same memory. What limits them is the total the ranks move — equal
 # for the ring and the tree, as the ledger showed — and the rounds, in which every one of n processes must run
 # before the next round can start. With more ranks than cores, a round waits for the operating system to
-# schedule each rank in turn, so the ring's 2(n − 1) rounds cost far more than the tree's 2⌈log₂ n⌉, at
-# every size. When this verdict is FALSE the model is not wrong about GPUs; its assumption — a link per rank —
-# does not hold for ranks that share one CPU. That is also why the fitted beta falls as n grows here: the
-# ranks divide the same cores.
+# schedule each rank in turn, so each of the ring's 2(n − 1) rounds costs a scheduling delay that the tree
+# pays only 2⌈log₂ n⌉ times. When this verdict is FALSE the model is not wrong about GPUs; its assumption — a
+# link per rank — does not hold for ranks that share one CPU. For the same reason the fitted beta of the
+# table is the cores' copying rate shared among n ranks, not the rate of a link.
 #
 # `n_1/2` = alpha · beta is the size at which half of beta is reached: below it a call is mostly latency.
 # Where it grows with n, larger messages are needed to use the links — one reason large jobs bucket their
@@ -248,8 +248,9 @@ if GPUS >= 3:
                               kwargs=dict(ledger_size=LEDGER_SIZE), timeout=600)
     NCCL_COST = measure.combine(parts, bandwidth.size_sweep(2**10, 2**26, 8), gpu_ns, LEDGER_SIZE,
                                 cores=os.cpu_count())
+    print("every algorithm sums correctly on every n:", all(all(v.values()) for v in NCCL_COST["correct"].values()))
+    print("the ledger's count equals the model's:", not ledger_mismatches(NCCL_COST))
     display(pd.DataFrame({a: {n: str(f) for n, f in fits(NCCL_COST)[a].items()} for a in ALGORITHMS}))
-    claims.show(CLAIMS["10_cost_vs_n"](NCCL_COST)[:3])
 else:
     print(f"this machine has {GPUS} GPU(s): the NCCL sweep over n needs 3 or more, and none is recorded "
           "(the reference machine has 2). On 2 GPUs the three algorithms are the same exchange.")
@@ -347,11 +348,12 @@ if NCCL is not None:
         print(f"your prediction for 1 MiB: {my_prediction_protocol_1mib}; NCCL chose {chosen.get(2**20, '?')}")
 
 # %% [markdown]
-# **Reading it** (once the 2-GPU run exists). Down each column, a forced setting shows its own curve: LL's
-# busbw flattens early (half of every line is flags), Simple's latency is the highest at 8 bytes, LL128 sits
-# between. NCCL's choice should track the fastest column at each size; where it does not, its model of the
-# machine — constants, not measurements — is off for this size. Tree on one node is a chain through the
-# GPUs; on two GPUs it and the ring are the same path, so their difference is the protocol and the chunking.
+# **Reading it** (once the 2-GPU run exists). Each forced setting is one column. The mechanisms to look for:
+# LL moves half flags, so its busbw is capped at half of what the link carries; Simple pays a fence and a
+# flag per chunk, the largest fixed cost; LL128 loses only 8 bytes in 128. NCCL's own choice is made from its
+# model of the machine — constants, not measurements — so compare it, size by size, with the fastest
+# column: where they differ, the model is off for that size. Tree on one node is a chain through the GPUs;
+# on two GPUs it and the ring are the same path, so what separates them is the protocol and the chunking.
 #
 # ## 3 · The node boundary
 #
@@ -535,8 +537,10 @@ print("every shard equals one-device training on every rank:", all(all(r["equal"
 pd.DataFrame(MESH[0]["groups"]).astype({"wire_bytes": int})
 
 # %% [markdown]
-# Forward and backward put two all-reduces of the activations (tokens × hidden) on "tp"; the sync puts one
-# all-reduce per parameter on "dp" — of the *shard* this rank holds, since the tp ranks hold different ones.
+# The "tp" row is *g*'s all-reduce of the activations (tokens × hidden) in forward. *f*'s all-reduce in
+# backward is missing: it computes the gradient of the MLP's input, and the input here is data, which needs
+# none, so autograd never calls it — in a stack of layers every layer but the first pays it. The sync puts
+# one all-reduce per parameter on "dp", of the *shard* this rank holds, since the tp ranks hold different ones.
 # The activations' all-reduces grow with the batch and block the next layer; the gradients' grow with the
 # model and can wait for the end of backward (and overlap with it, lab 08). Which one a link can hide decides
 # which dimension goes on which link.

@@ -113,10 +113,13 @@ def nccl_sweep(rank: int, world_size: int, sizes: list, *, warmup: int = 5, iter
     return {"sizes": list(sizes), "time_ms": times, "p10_ms": p10, "p90_ms": p90}
 
 
+KEPT_LINES = ("Bytes -> Algo", "set by environment", " via ", "NCCL version", "channels")   # of NCCL's INFO log
+
+
 def nccl_configs(configs: dict, sizes: list, *, timeout: float = 180.0, **kw) -> dict:
-    """``{name: env}`` -> ``{name: {"sweep": nccl_sweep's result, "log": NCCL's tuning/env/init lines,
-    "error": ""}}``: one launch per configuration, with ``NCCL_DEBUG=INFO``. A configuration NCCL
-    refuses is kept with its error (and no sweep) instead of stopping the others."""
+    """``{name: env}`` -> ``{name: {"sweep": nccl_sweep's result, "log": NCCL's tuning, environment, transport
+    and channel lines (``KEPT_LINES``), "error": ""}}``: one launch per configuration, with ``NCCL_DEBUG=INFO``.
+    A configuration NCCL refuses is kept with its error (and no sweep) instead of stopping the others."""
     import labutils
     out = {}
     for name, env in configs.items():
@@ -128,7 +131,7 @@ def nccl_configs(configs: dict, sizes: list, *, timeout: float = 180.0, **kw) ->
                                         kwargs=kw)[0]
             except (labutils.RankError, labutils.RankTimeout) as exc:
                 error = str(exc).splitlines()[0][:300]
-        log = "\n".join(ln for ln in buf.getvalue().splitlines() if "NCCL" in ln)
+        log = "\n".join(ln for ln in buf.getvalue().splitlines() if any(k in ln for k in KEPT_LINES))
         out[name] = {"env": env, "sweep": sweep, "log": log, "error": error}
     return out
 
