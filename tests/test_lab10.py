@@ -63,7 +63,8 @@ def test_tuning_lines_of_nccl_2_28_are_read_with_channels():
         ("AllReduce", 67108864, "TREE", "SIMPLE", 24)]
     by_size = tuning.choices_by_size(got)
     assert by_size == {8: "RING/LL", 2097152: "RING/LL128", 67108864: "TREE/SIMPLE"}
-    assert tuning.switch_points(by_size) == [(2097152, "RING/LL", "RING/LL128"), (67108864, "RING/LL128", "TREE/SIMPLE")]
+    assert tuning.switch_points(by_size) == [(2097152, "RING/LL", "RING/LL128"),
+                                             (67108864, "RING/LL128", "TREE/SIMPLE")]
     assert tuning.choices_by_size(got, "AllGather") == {2097152: "RING/SIMPLE"}
 
 
@@ -110,9 +111,12 @@ def test_model_table():
 
 def test_crossover_is_where_the_two_lines_meet():
     s = model.crossover_bytes("ring", "direct", 8, alpha_us=10, beta_gbps=1)
-    assert s is not None
+    assert s > 0
     assert model.time_ms("ring", s, 8, 10, 1) == pytest.approx(model.time_ms("direct", s, 8, 10, 1))
+    assert model.time_ms("ring", 2 * s, 8, 10, 1) < model.time_ms("direct", 2 * s, 8, 10, 1)
+    assert model.crossover_bytes("direct", "ring", 8, 10, 1) is None     # never faster for large messages
     assert model.crossover_bytes("ring", "ring", 8, 10, 1) is None
+    assert model.crossover_bytes("ring", "tree", 2, 10, 1) == 0          # same rounds, fewer bytes
 
 
 def test_hierarchy_and_roofline():
@@ -162,7 +166,8 @@ def _stub(*args):
 
 
 def test_hierarchical_reference_passes(gloo4, capsys):
-    assert check.hierarchical_all_reduce(solution.hierarchical_all_reduce, pool=gloo4) is solution.hierarchical_all_reduce
+    fn = solution.hierarchical_all_reduce
+    assert check.hierarchical_all_reduce(fn, pool=gloo4) is fn
     assert "✓ hierarchical all-reduce on 4 ranks" in capsys.readouterr().out
 
 

@@ -61,7 +61,7 @@ HW
 # | algorithm | rounds | bytes the busiest rank sends | time |
 # |---|---|---|---|
 # | ring (lab 03): reduce-scatter + all-gather | 2(n − 1) | 2(n − 1)/n · S | 2(n − 1)α + 2(n − 1)/n · S/β |
-# | binomial tree: reduce to rank 0, broadcast back | 2⌈log₂ n⌉ | ⌈log₂ n⌉ · S (the root) | 2⌈log₂ n⌉ (α + S/β) |
+# | binomial tree: reduce, broadcast | 2⌈log₂ n⌉ | ⌈log₂ n⌉ · S (the root) | 2⌈log₂ n⌉ (α + S/β) |
 # | direct: everyone sends everything to everyone | 1 | (n − 1) · S | α + (n − 1) S/β |
 #
 # The ring's bytes per rank stay below 2S however large n grows — it is bandwidth-optimal (Patarasuk & Yuan
@@ -180,7 +180,8 @@ root = C["ledger"]["tree"]["8"]["wire_bytes"][0]
 if my_prediction_tree_root_bytes is None:
     print("no prediction made: write yours above, then run both cells again")
 else:
-    print("your prediction is", "right" if my_prediction_tree_root_bytes == root else f"off: the ledger counted {root:.0f}")
+    print("your prediction is", "right" if my_prediction_tree_root_bytes == root
+          else f"off: the ledger counted {root:.0f}")
 
 # %% [markdown]
 # The root of the tree sends the whole tensor once per level of the broadcast; every other rank sends it once
@@ -210,10 +211,18 @@ plots.line_plot(NS, latency_us, xlabel="ranks n", dashed=[k for k in latency_us 
                 title=f"the latency term against n — {COST.label}")
 
 # %% tags=["nbval-ignore-output"]
-display(pd.DataFrame({"ring never slower than tree from": [
-    bandwidth.format_size(s) if (s := crossover(C, n)) else "never in this sweep" for n in NS],
-    "ring never slower than direct from": [
-    bandwidth.format_size(s) if (s := crossover(C, n, "ring", "direct")) else "never in this sweep" for n in NS]},
+def size_or_never(s):
+    return "never" if s is None else "every size" if s == 0 else bandwidth.format_size(s)
+
+
+R2 = FITS["ring"][2]                                  # the per-link model, from the 2-rank ring's fit
+display(pd.DataFrame({
+    "measured: ring never slower than tree from": [size_or_never(crossover(C, n)) for n in NS],
+    "measured: ring never slower than direct from": [size_or_never(crossover(C, n, "ring", "direct")) for n in NS],
+    "per-link model: ring faster than tree above": [size_or_never(None if R2 is None else model.crossover_bytes(
+        "ring", "tree", n, R2.alpha_us / 2, R2.beta_gbps)) for n in NS],
+    "per-link model: ring faster than direct above": [size_or_never(None if R2 is None else model.crossover_bytes(
+        "ring", "direct", n, R2.alpha_us / 2, R2.beta_gbps)) for n in NS]},
     index=pd.Index(NS, name="n")))
 claims.show(CLAIMS["10_cost_vs_n"](C))
 
@@ -358,7 +367,7 @@ if NCCL is not None:
 # ## 3 · The node boundary
 #
 # Inside a node the GPUs talk over NVLink; between nodes every byte goes through a NIC, whose rate is a
-# fraction of NVLink's: InfiniBand NDR is 400 Gb/s per NIC, 50 GB/s each way <!-- not measured: ConnectX-7 NDR line rate, published -->
+# fraction of NVLink's: InfiniBand NDR is 400 Gb/s per NIC, 50 GB/s each way <!-- not measured: NDR line rate -->
 # against NVLink 4's 450 GB/s per GPU each way <!-- not measured: H100/H200 datasheet line rate -->
 # (a DGX or HGX H100/H200 node has 8 such NICs, one per GPU). The reference machine has one node and no NIC
 # between its GPUs, so the network cannot be measured here. What can be measured is NCCL's *network
@@ -568,8 +577,10 @@ display(pd.DataFrame({
     "8-byte latency, alpha fixed (us)": [FIT2.alpha_us, FIT2.alpha_us, None],
     f"busbw at {bandwidth.format_size(big)} (GB/s)": [model.ring_busbw_gbps(big, n, a1, FIT2.beta_gbps) for n in (2, 8)]
     + [big / (t16 * 1e-3) / 1e9 * bandwidth.bus_factor("all_reduce", 16)]},
-    index=["2 GPUs (the fit)", "8 GPUs, one NVSwitch node (ring)", "2 nodes x 8 (hierarchical, NDR line rate)"]).round(1))
-for f in (published.H100_8GPU_RING_BUSBW, published.H100_8GPU_NVLS_BUSBW):
+    index=["2 GPUs (the fit)", "8 GPUs, one NVSwitch node (ring)",
+           "2 nodes x 8 (hierarchical, NDR line rate)"]).round(1))
+for f in (published.H100_8GPU_RING_BUSBW, published.H100_8GPU_NVLS_BUSBW, published.NVLINK4_LINE_RATE,
+          published.IB_NDR_PER_NIC):
     print(f"published, not measured here: {f.value:g} {f.unit} — {f.what}; {f.settings}. Source: {f.source}")
 claims.show(CLAIMS["06_bench_sweep"](BENCH.data))
 

@@ -89,15 +89,13 @@ def time_ms(algorithm: str, size_bytes: float, n: int, alpha_us: float, beta_gbp
 
 
 def crossover_bytes(a: str, b: str, n: int, alpha_us: float, beta_gbps: float) -> float | None:
-    """The size at which ``a`` and ``b`` take the same time on ``n`` ranks (both are lines in S), or None
-    when they never cross at a positive size."""
+    """The size above which ``a`` is faster than ``b`` on ``n`` ranks (both times are lines in S): 0 when it
+    is faster at every size, None when it is never faster for large messages."""
     ka, kb = rounds(a, n), rounds(b, n)
-    slope = lambda alg: (time_ms(alg, 1.0, n, 0.0, beta_gbps))   # noqa: E731 - ms per byte
-    da, db = slope(a), slope(b)
-    if da == db:
+    da, db = (time_ms(alg, 1.0, n, 0.0, beta_gbps) for alg in (a, b))   # ms per byte
+    if da >= db:
         return None
-    s = (kb - ka) * alpha_us * 1e-3 / (da - db)
-    return s if s > 0 else None
+    return max((ka - kb) * alpha_us * 1e-3 / (db - da), 0.0)
 
 
 # ---------------------------------------------------------------------------------------- hierarchy
