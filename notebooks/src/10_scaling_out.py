@@ -318,7 +318,7 @@ print("NCCL_NVLS_ENABLE in this environment:", os.environ.get("NCCL_NVLS_ENABLE"
 my_prediction_protocol_1mib = None  # ✍ "LL", "LL128" or "SIMPLE"
 
 # %% tags=["nbval-ignore-output"]
-NCCL_SIZES = bandwidth.size_sweep(8, 2**26, 8)              # 8 B ... 64 MiB
+NCCL_SIZES = bandwidth.size_sweep(16, 2**26, 4)             # 16 B ... 64 MiB, 1 MiB among them
 FORCED = {f"{a}/{p}": tuning.forced_env(a, p) for a in ("Ring", "Tree") for p in ("LL", "LL128", "Simple")}
 NET_STAND_IN = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
                 "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
@@ -331,7 +331,7 @@ def measure_nccl_choices():
 
 
 NCCL = measure.live_or_none("10_nccl_choices", measure_nccl_choices, gpus_needed=2, shows=(
-    "NCCL's algorithm and protocol at every size from 8 B to 64 MiB, read from its tuning lines; busbw and "
+    "NCCL's algorithm and protocol at every size from 16 B to 64 MiB, read from its tuning lines; busbw and "
     "latency of every forced Ring/Tree x LL/LL128/Simple setting side by side; and the same all-reduce "
     "through NCCL's socket transport on the loopback, against NVLink."))
 
@@ -562,18 +562,25 @@ pd.DataFrame(MESH[0]["groups"]).astype({"wire_bytes": int})
 # the fit's α is mostly the host's launch of the call (lab 06 split it), which does not grow with n, so
 # 2(n − 1)·α₁ is an upper bound; and the model knows nothing of NVLS. For two nodes of 8 the hierarchical
 # all-reduce of section 3 sends 2·7/8 · S over NVLink and 2·1/2 · S/8 through each GPU's NIC, at the published
-# NDR line rate — an upper bound on its speed.
+# NDR line rate — an upper bound on its speed; a round across nodes costs the network stand-in's alpha where
+# that is recorded (section 3), else an NVLink round's, which no network beats.
 
 # %% tags=["nbval-ignore-output"]
 BENCH = recorded.load("06_bench_sweep")
 FIT2 = allreduce_fit_2gpu(BENCH.data)
 a1 = model.per_round_alpha_us(FIT2.alpha_us, BENCH.data["meta"]["world_size"])
 big = max(r["size_bytes"] for r in BENCH.data["rows"] if r["collective"] == "all_reduce")
-t16 = model.hierarchical_time_ms(big, 8, 2, intra=(a1, FIT2.beta_gbps), inter=(a1, published.IB_NDR_PER_NIC.value))
+NET_RUN = NCCL.data["runs"]["network stand-in"] if NCCL is not None else None
+a_net = (bandwidth.fit_alpha_beta(NET_RUN["sweep"]["sizes"], NET_RUN["sweep"]["time_ms"]).alpha_us / 2
+         if NET_RUN and NET_RUN["sweep"] else a1)      # a round across nodes: the stand-in's, where recorded
+INTER = (a_net, published.IB_NDR_PER_NIC.value)
+t16 = model.hierarchical_time_ms(big, 8, 2, intra=(a1, FIT2.beta_gbps), inter=INTER)
 print(f"[{BENCH.label}] 2-GPU all_reduce fit: {FIT2} (largest deviation {FIT2.max_rel_err:.0%})")
+print("alpha of a round across nodes:", f"the network stand-in's [{NCCL.label}]" if a_net != a1 else
+      "no network stand-in recorded: an NVLink round's (a lower bound)")
 display(pd.DataFrame({
     "8-byte latency, alpha per round (us)": [model.time_ms("ring", 8, n, a1, FIT2.beta_gbps) * 1e3 for n in (2, 8)]
-    + [model.hierarchical_time_ms(8, 8, 2, (a1, FIT2.beta_gbps), (a1, published.IB_NDR_PER_NIC.value)) * 1e3],
+    + [model.hierarchical_time_ms(8, 8, 2, (a1, FIT2.beta_gbps), INTER) * 1e3],
     "8-byte latency, alpha fixed (us)": [FIT2.alpha_us, FIT2.alpha_us, None],
     f"busbw at {bandwidth.format_size(big)} (GB/s)": [model.ring_busbw_gbps(big, n, a1, FIT2.beta_gbps) for n in (2, 8)]
     + [big / (t16 * 1e-3) / 1e9 * bandwidth.bus_factor("all_reduce", 16)]},
