@@ -11,8 +11,9 @@ Public API::
 
 In IPython, ``%load_ext labutils`` adds the ``%ranks`` / ``%%ranks`` magics.
 
-Layout: the core is the modules at this level; ``pool/`` holds ``RankPool``, ``bench/`` the
-nccl-tests-style benchmark, ``commands/`` the CLI verbs, ``labs/labNN_topic/`` each lab's helpers,
+Layout: the core is the modules at this level; ``instruments/`` the measuring tools every lab shares
+(communication ledger, profiler reader, memory probe, result comparison); ``pool/`` holds ``RankPool``,
+``bench/`` the nccl-tests-style benchmark, ``commands/`` the CLI verbs, ``labs/labNN_topic/`` each lab's helpers,
 ``checks/`` and ``solutions/`` the exercises' checkers and reference solutions.
 """
 from .errors import LaunchConfigError, RankError, RankTimeout

@@ -7,7 +7,8 @@
   rank measures its own time; the reported sample is the **slowest rank's** (nccl-tests averages
   over ranks by default, ``-a 1``; we report ``-a 3``, the max, because a collective is done only
   when its last rank is done). Call it on every rank. ``benchmark_loops`` does the same for
-  several loops of calls in turn (a benchmark's call next to a bare loop, a replayed CUDA graph).
+  several loops of calls in turn (a benchmark's call next to a bare loop, a replayed CUDA graph);
+  ``repeated(fn)`` makes such a loop of a callable.
 * ``Clock(device)``: the one clock every timed region in labutils uses -- marks are CUDA events on
   the device's current stream on a GPU, ``time.perf_counter`` on the CPU; ``SpanTimer`` records
   named spans on several devices with it (for ``plots.timeline_plot``).
@@ -229,6 +230,15 @@ def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: in
             if work is not None and hasattr(work, "wait"):
                 work.wait()  # async_op=True: make the current stream wait for NCCL's
     return benchmark_loops({"op": loop}, warmup=warmup, iters=iters, repeat=repeat, group=group)["op"]
+
+
+def repeated(fn: Callable[[], object]) -> Callable[[int], None]:
+    """``loop(k)``: ``fn()`` called k times back to back -- the form ``benchmark_loops`` and a CUDA-graph
+    capture take."""
+    def loop(k: int) -> None:
+        for _ in range(k):
+            fn()
+    return loop
 
 
 def benchmark_loops(loops: dict, *, warmup: int = 5, iters: int = 20, repeat: int = 5,

@@ -148,6 +148,17 @@ def test_dtensor_redistribute_is_a_functional_all_gather(gloo2):
                          "wire_bytes": pytest.approx((n - 1) / n * s)}]
 
 
+def test_summary_groups_by_phase_and_op_in_first_seen_order():
+    book = Ledger("fwd")
+    book.records += [Record("all_reduce", (0, 1), None, 100, 100.0, 4, "fwd"),
+                     Record("all_gather", (0, 1), None, 8, 4.0, 4, "fwd"),
+                     Record("all_reduce", (0, 1), None, 50, 50.0, 4, "fwd")]
+    assert book.summary() == [
+        {"phase": "fwd", "op": "all_reduce", "calls": 2, "size_bytes": 150, "wire_bytes": 150.0},
+        {"phase": "fwd", "op": "all_gather", "calls": 1, "size_bytes": 8, "wire_bytes": 4.0}]
+    assert book.wire_bytes_per_rank() == 154.0 and book.wire_bytes_per_rank(ops=("all_gather",)) == 4.0
+
+
 def test_an_empty_ledger_and_the_record_type():
     with Ledger() as book:
         torch.ones(2) + 1                             # no communication: nothing recorded

@@ -11,12 +11,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from labutils import bandwidth, recorded
+from labutils.instruments import profiler
 from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
 from labutils.labs.lab01_cuda_comm import claims as lab_claims
 from labutils.checks import ExerciseError
@@ -224,13 +224,12 @@ def test_short_kernel_name():
 
 
 def test_device_kernels_groups_device_events_only():
-    def ev(name, device_type="DeviceType.CUDA", device=0, us=5.0, annotation=False):
-        return SimpleNamespace(name=name, device_type=device_type, device_index=device, is_user_annotation=annotation,
-                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+    def ev(name, cat="kernel", device=0, us=5.0):
+        return {"ph": "X", "cat": cat, "name": name, "ts": 0.0, "dur": us, "args": {"device": device, "stream": 7}}
     events = [ev("ncclDevKernel_Broadcast_RING_LL(x)"), ev("ncclDevKernel_Broadcast_RING_LL(x)", us=7.0),
-              ev("ncclDevKernel_Broadcast_RING_LL(x)", device=1), ev("aten::add", device_type="DeviceType.CPU"),
-              ev("my_range", annotation=True), ev("Memcpy PtoP (Device -> Device)")]
-    rows = analysis.device_kernels(events)
+              ev("ncclDevKernel_Broadcast_RING_LL(x)", device=1), ev("aten::add", cat="cpu_op"),
+              ev("my_range", cat="gpu_user_annotation"), ev("Memcpy PtoP (Device -> Device)", cat="gpu_memcpy")]
+    rows = analysis.device_kernels(profiler.kernels(events, copies=True))
     assert [(r["device"], r["kind"], r["count"], r["time_us"]) for r in rows] == [
         (0, "nccl", 2, 12.0), (0, "peer copy", 1, 5.0), (1, "nccl", 1, 5.0)]
 

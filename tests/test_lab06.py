@@ -1,4 +1,4 @@
-"""Lab 06 on CPU: the trace reading and the arithmetic of ``labs/lab06_capstone`` on synthetic data, every
+"""Lab 06 on CPU: the arithmetic of ``labs/lab06_capstone`` on synthetic data, every
 verdict's threshold on both sides, the verdicts on the committed recordings, the exercise checkers on right,
 wrong, hanging and untouched answers (real gloo ranks), and the missing-recording path.
 
@@ -18,7 +18,7 @@ from labutils import bandwidth
 from labutils.bench import config as bconfig
 from labutils.checks import ExerciseError
 from labutils.checks import lab06 as check
-from labutils.labs.lab06_capstone import analysis, claims as lab_claims, p2p_channels, record, trace
+from labutils.labs.lab06_capstone import analysis, claims as lab_claims, p2p_channels, record
 from labutils.labs.lab06_capstone.claims import CLAIMS
 from labutils.solutions import lab06 as solution
 
@@ -26,26 +26,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot 
 RECORDED = Path(__file__).resolve().parent.parent / "notebooks" / "recorded"
 
 
-# ----------------------------------------------------------------------------- trace and arithmetic
-def _trace(kernels, ops):
-    ev = [{"ph": "X", "cat": "kernel", "name": f"ncclDevKernel_AllReduce_Sum_f32_RING_LL(x{i})", "ts": ts, "dur": d}
-          for i, (ts, d) in enumerate(kernels)]
-    ev += [{"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel", "ts": 0, "dur": 9}]
-    ev += [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": ts, "dur": d} for ts, d in ops]
-    ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 1, "dur": 1}, {"ph": "M", "name": "x"}]
-    return {"traceEvents": ev}
-
-
-def test_trace_reads_nccl_kernels_and_cpu_ops_in_order(tmp_path):
-    doc = _trace([(30, 4.0), (10, 100.0), (20, 5.0)], [(5, 50.0), (1, 60.0)])
-    assert [k["dur"] for k in trace.nccl_kernels(doc)] == [100.0, 5.0, 4.0]   # by start time, NCCL only
-    assert trace.cpu_op_us(doc, "c10d::allreduce_") == [60.0, 50.0]
-    (tmp_path / "t.json").write_text(json.dumps(doc))
-    assert trace.load(tmp_path / "t.json") == doc
-    (tmp_path / "list.json").write_text(json.dumps(doc["traceEvents"]))      # a bare event list works too
-    assert trace.nccl_kernels(trace.load(tmp_path / "list.json")) == trace.nccl_kernels(doc)
-
-
+# ----------------------------------------------------------------------------- arithmetic
 def test_kernel_parts_transfer_is_the_shortest_kernel_of_a_call():
     # call 0 is dropped (start-up); then rank 1 launches last in calls 1-2, rank 0 in call 3
     parts = analysis.kernel_parts([[500, 104, 106, 5], [1, 4, 6, 95]])

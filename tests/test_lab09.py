@@ -18,7 +18,7 @@ from labutils.checks import ExerciseError
 from labutils.checks import lab09 as check
 from labutils import compat
 from labutils.labs.lab09_all_to_all import measure, verify
-from labutils.labs.lab09_all_to_all.wire import WireLedger
+from labutils.instruments.ledger import Ledger
 from labutils.labs.lab09_all_to_all.claims import CLAIMS
 from labutils.solutions import lab09 as solution
 
@@ -112,7 +112,7 @@ def _ledger_rank(rank, world_size):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     n = world_size
     x = torch.ones(6 * n, dtype=torch.float32)                       # 24 * n bytes
-    with WireLedger("p") as ledger:
+    with Ledger("p") as ledger:
         dist.all_reduce(x.clone())
         compat.all_gather_into_tensor(torch.empty(6 * n * n), x)      # S = gathered output
         compat.reduce_scatter_tensor(torch.empty(6), x.clone())        # S = input
@@ -123,9 +123,9 @@ def _ledger_rank(rank, world_size):
         dist.broadcast(x.clone(), src=0)
     mesh = init_device_mesh("cpu", (n,))
     d = distribute_tensor(torch.ones(2 * n, 3), mesh, [Shard(0)])
-    with WireLedger("dtensor") as dt:
+    with Ledger("dtensor") as dt:
         d.redistribute(mesh, [Replicate()]).to_local()               # a functional all-gather
-    return [(r.op, r.size_bytes, r.wire_bytes) for r in ledger.records], dt.rows()
+    return [(r.op, r.size_bytes, r.wire_bytes) for r in ledger.records], dt.summary()
 
 
 def test_ledger_counts_every_collective_with_nccl_tests_factors(gloo3):

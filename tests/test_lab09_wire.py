@@ -1,5 +1,5 @@
-"""Lab 09's bookkeeping: WireLedger (bytes on the wire), SavedTensors (activations kept for backward) and
-the activation-memory prediction, without ranks (the ledger on real gloo ranks is in tests/test_lab09.py).
+"""Lab 09's bookkeeping: SavedTensors (activations kept for backward) and the activation-memory
+prediction, without ranks (the bytes on the wire: tests/test_lab09.py and tests/test_instruments_ledger.py).
 
 Run: pytest tests/test_lab09_wire.py -q
 """
@@ -10,16 +10,6 @@ import torch
 from torch import nn
 
 from labutils.labs.lab09_all_to_all import wire
-
-
-def test_ledger_rows_group_by_phase_and_op():
-    ledger = wire.WireLedger("fwd", world_size=2, rank=0)
-    ledger._add("all_reduce", 100, 100.0)
-    ledger._add("all_reduce", 50, 50.0)
-    ledger._add("all_gather", 8, 4.0)
-    assert ledger.rows() == [{"phase": "fwd", "op": "all_reduce", "calls": 2, "size_bytes": 150, "wire_bytes": 150.0},
-                             {"phase": "fwd", "op": "all_gather", "calls": 1, "size_bytes": 8, "wire_bytes": 4.0}]
-    assert ledger.wire_bytes() == 154.0
 
 
 def test_saved_tensors_counts_distinct_storages_without_parameters():

@@ -65,10 +65,6 @@ def test_partition_errors(n, p):
         schedule.partition(n, p)
 
 
-def test_activation_bytes():
-    assert schedule.activation_bytes(1024, 4096, 2) == 8 * 2**20
-
-
 # ---------------------------------------------------------------- schedules
 
 @pytest.mark.parametrize("kind", schedule.SCHEDULES)

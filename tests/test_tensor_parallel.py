@@ -251,21 +251,6 @@ def test_split_calls_pairs_the_calls_across_ranks():
     assert steps.nccl_kernel_ms(lambda: None, 2, "cpu") == []
 
 
-def test_profiled_events_drop_the_warm_up_step():
-    from torch.profiler import ProfilerActivity, record_function
-    done = []
-
-    def step():
-        done.append(None)
-        with record_function(f"step{len(done)}"):
-            torch.ones(4).sum()
-    names = {e.name for e in steps.profiled_events(step, 2, [ProfilerActivity.CPU])}
-    assert {"step2", "step3"} <= names and "step1" not in names      # step 1 was the profiler's warm-up
-    for bad in (0, True, 1.5):
-        with pytest.raises(ValueError, match="calls must be an int"):
-            steps.profiled_events(step, bad, [ProfilerActivity.CPU])
-
-
 def _time_alone(rank, world_size):
     made = []
     group = dist.new_group(backend="gloo")

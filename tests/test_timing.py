@@ -101,3 +101,11 @@ def test_span_timer_spans_from_a_common_zero():
     (span,) = timer.spans()
     assert (span["lane"], span["kind"], span["label"]) == ("stage 0", "forward", "F0")
     assert 4.0 <= span["start_ms"] < span["end_ms"] and span["end_ms"] - span["start_ms"] >= 9.0
+
+
+def test_repeated_calls_fn_k_times_back_to_back():
+    calls = []
+    loop = timing.repeated(lambda: calls.append(len(calls)))
+    loop(3)
+    loop(0)
+    assert calls == [0, 1, 2]

@@ -69,19 +69,13 @@ def capture(loop, iters: int, *, warmup: int = 1):
 def time_graph(graph, iters: int, replays: int, repeat: int, group=None) -> timing.Timing:
     """Per-call time of a graph of ``iters`` calls: ``replays`` replays back to back between two CUDA
     events per sample, ``repeat`` samples, slowest rank, in ms per call."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            graph.replay()
-    t = timing.benchmark_loops({"graph": loop}, warmup=1, iters=replays, repeat=repeat, group=group)["graph"]
+    t = timing.benchmark_loops({"graph": timing.repeated(graph.replay)}, warmup=1, iters=replays, repeat=repeat, group=group)["graph"]
     return timing.summarize([x / iters for x in t.samples_ms])
 
 
 def measure(case: Case, iters: int, replays: int, repeat: int) -> timing.Timing:
     """Capture ``iters`` calls of ``case`` and time their replay (every rank calls it)."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            case.run()
-    graph = capture(loop, iters)
+    graph = capture(timing.repeated(case.run), iters)
     try:
         return time_graph(graph, iters, replays, repeat)
     finally:
@@ -91,7 +85,7 @@ def measure(case: Case, iters: int, replays: int, repeat: int) -> timing.Timing:
 def verify(case: Case, repeats: int = 1) -> int:
     """Wrong elements (summed over ranks) of ``case`` run as a captured one-call graph, replayed on
     freshly filled inputs."""
-    graph = capture(lambda k: [case.run() for _ in range(k)], 1)
+    graph = capture(timing.repeated(case.run), 1)
     replayed = dataclasses.replace(case, run_fn=lambda c: graph.replay())
     try:
         return verify_case(replayed, repeats)

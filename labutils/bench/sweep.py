@@ -33,16 +33,6 @@ from .config import DTYPES, FORMS, REDUCING, ROOTED, BenchConfig, bytes_per_rank
 from .ops import Buffers, Case, bare_loop, verify_case
 
 
-def bench_loop(case: Case):
-    """The benchmark's own timed loop: ``case.run()`` k times (what the table's time is)."""
-    run = case.run
-
-    def loop(k: int) -> None:
-        for _ in range(k):
-            run()
-    return loop
-
-
 def _measure(bufs: Buffers, lay: dict, placement: str, cfg: BenchConfig, rank: int, n: int,
              type_name: str, *, mode: str, bare: bool = False) -> dict:
     """One row: time (eager, with a bare loop beside it if ``bare``, or replayed from a CUDA graph),
@@ -61,7 +51,7 @@ def _measure(bufs: Buffers, lay: dict, placement: str, cfg: BenchConfig, rank: i
             t = graph.measure(case, iters, cfg.cuda_graph, cfg.repeat)
             row["replays"] = cfg.cuda_graph
         else:
-            loops = {"bench": bench_loop(case)}
+            loops = {"bench": timing.repeated(case.run)}   # the benchmark's own loop: the table's time
             if bare:
                 loops["bare"] = bare_loop(case)
             ts = timing.benchmark_loops(loops, warmup=1, iters=iters, repeat=cfg.repeat)

@@ -86,7 +86,7 @@ def _a2a_cases(n: int) -> list[tuple[str, list, int]]:
 
 
 def _a2a_rank(rank: int, world_size: int, fn) -> dict:
-    from labutils.labs.lab09_all_to_all.wire import WireLedger
+    from labutils.instruments.ledger import Ledger
     from labutils.solutions import lab09 as solution
     report = {"used_reference": False, "cases": []}
     for name, splits, width in _a2a_cases(world_size):
@@ -95,7 +95,7 @@ def _a2a_rank(rank: int, world_size: int, fn) -> dict:
         expected = x.new_empty((sum(outs), width))
         dist.all_to_all_single(expected, x, output_split_sizes=outs, input_split_sizes=ins)
         got = torch.full_like(expected, -1.0)
-        with WireLedger() as ledger:
+        with Ledger() as ledger:
             _, used = _or_reference(solution.all_to_all_single_p2p if report["used_reference"] else fn,
                                     solution.all_to_all_single_p2p, got, x, outs, ins, None)
         report["used_reference"] |= used
@@ -193,7 +193,7 @@ def dispatch_with_capacity(fn, pool=None) -> None:
 
 # ----------------------------------------------------------------------------- exercise 3
 def _status(got, expected, before, n: int) -> str:
-    from labutils.labs.lab09_all_to_all.verify import close
+    from labutils.instruments.compare import close
     if close(got, expected):
         return "ok"
     if close(got, before):

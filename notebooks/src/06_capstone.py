@@ -43,7 +43,8 @@ from labutils.bench import analysis, ops, report, sweep
 from labutils.bench.config import FORMS, BenchConfig
 from labutils.checks import lab06 as check
 from labutils.config import rank_device
-from labutils.labs.lab06_capstone import analysis as lab_analysis, p2p_channels, trace
+from labutils.instruments import profiler as trace
+from labutils.labs.lab06_capstone import analysis as lab_analysis, p2p_channels
 from labutils.labs.lab06_capstone.claims import CLAIMS, has_transfer_times, lab_predictions
 from labutils.labs.lab06_capstone.record import measurement
 

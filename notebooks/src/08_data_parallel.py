@@ -201,7 +201,7 @@ def accumulate(ddp_model, micro_batches, use_no_sync):
 
 # %% [markdown]
 # `verify.check_ddp` trains with `train_ddp` and compares with part 1; accumulates 4 micro-batches with and
-# without `no_sync()`, counting the all-reduces (`ledger.CollectiveLedger` sees every collective that
+# without `no_sync()`, counting the all-reduces (`instruments.ledger.Ledger` sees every collective that
 # `torch.distributed` dispatches, DDP's included); and looks at where `p.grad` lives with
 # `gradient_as_bucket_view` off and on (a DDP communication hook hands us each bucket's flat buffer).
 
@@ -237,7 +237,7 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 #
 # **On the kernel timeline.** Timing says how much the step pays, not why. For that, a couple of steps and as
 # many `no_sync` steps of each configuration run under `torch.profiler` with **CUDA activity only**
-# (`trace.profile_step(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
+# (`profiler.profile(..., cpu=False)`: the GPU's kernels as CUPTI records them, nothing recorded on the CPU).
 # Kernels named `nccl…` are communication; AdamW's (`multi_tensor_apply…`, `…Adam…`) are the optimizer; every
 # other kernel is compute. Three readings, per step:
 #

@@ -688,7 +688,7 @@ verify.table(POOL.run(verify.block_matches, Block, ParallelBlock, kwargs=dict(se
 my_prediction_sp_wire_ratio = None  # ✍ your number
 
 # %% [markdown]
-# `wire.WireLedger` is a `TorchDispatchMode`: it sees every collective that runs inside it — forward, backward
+# `instruments.ledger.Ledger` is a `TorchDispatchMode`: it sees every collective that runs inside it — forward, backward
 # and the gradient sync — and adds up what each rank sends with nccl-tests' factors
 # (`bandwidth.bus_factor(op, n) · S`). Here on a block with 128 tokens of the sequence per rank, batch 2,
 # hidden 256, in float64:

@@ -146,15 +146,16 @@ def test_ledger_and_trace_see_nccl_inside_backward(tmp_path):
     must hold NCCL kernels: both are what the recordings rest on."""
     def rank_fn(rank, world_size, folder):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from labutils.labs.lab08_data_parallel.ledger import CollectiveLedger
+        from labutils.instruments import profiler
+        from labutils.instruments.ledger import Ledger
         m = M.build_transformer(SMALL_BENCH, device="cuda")
         ddp = DDP(m, device_ids=[torch.cuda.current_device()], bucket_cap_mb=1)
         x, y = M.token_batch(SMALL_BENCH, 2, device="cuda")
         step = steps.train_step(ddp, torch.optim.AdamW(m.parameters()), x, y)
         step()
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             step()
-        path = trace.profile_step(step, f"{folder}/r{rank}.json.gz")
-        return book.counts().get("all_reduce", 0), trace.summarize(trace.load_events(path))["n_comm_kernels"]
+        doc = profiler.profile(step, path=f"{folder}/r{rank}.json.gz")
+        return book.counts().get("all_reduce", 0), trace.summarize(profiler.events(doc))["n_comm_kernels"]
     for calls, kernels in labutils.launch(rank_fn, str(tmp_path), world_size=2, backend="nccl", timeout=300):
         assert calls > 1 and kernels >= 1

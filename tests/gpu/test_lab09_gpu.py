@@ -3,7 +3,7 @@
 Run: pytest tests/gpu/test_lab09_gpu.py -q   (one NCCL rank pool, about 20 s on 2xH200)
 The same checks run on gloo in tests/test_lab09.py; here the NCCL paths are exercised: uneven and empty
 all-to-all blocks, float64 and int64 collectives, DTensor on a CUDA mesh, backward collectives seen by
-the WireLedger from autograd's device threads, CUDA's bool dropout mask, the allocator statistics.
+the communication ledger from autograd's device threads, CUDA's bool dropout mask, the allocator statistics.
 """
 from __future__ import annotations
 

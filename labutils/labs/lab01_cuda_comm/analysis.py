@@ -55,16 +55,15 @@ def short_kernel_name(name: str, width: int = 60) -> str:
     return short if len(short) <= width else short[:width - 1] + "…"
 
 
-def device_kernels(events) -> list[dict]:
-    """Device-side activities of profiler ``events`` grouped by (kind, short name, device):
-    ``[{"kind", "name", "device", "count", "time_us"}]`` sorted by device, kind, name."""
+def device_kernels(spans) -> list[dict]:
+    """Device-side activities (``instruments.profiler.kernels(doc, copies=True)``: kernels, copies,
+    memsets) grouped by (kind, short name, device): ``[{"kind", "name", "device", "count", "time_us"}]``
+    sorted by device, kind, name."""
     agg: dict = {}
-    for e in events:
-        if "CUDA" not in str(e.device_type) or getattr(e, "is_user_annotation", False):
-            continue
-        key = (kernel_kind(e.name), short_kernel_name(e.name), int(e.device_index))
+    for s in spans:
+        key = (kernel_kind(s["name"]), short_kernel_name(s["name"]), int(s["device"]))
         row = agg.setdefault(key, {"kind": key[0], "name": key[1], "device": key[2], "count": 0,
                                    "time_us": 0.0})
         row["count"] += 1
-        row["time_us"] += float(e.time_range.elapsed_us())
+        row["time_us"] += float(s["dur"])
     return sorted(agg.values(), key=lambda r: (r["device"], r["kind"], r["name"]))

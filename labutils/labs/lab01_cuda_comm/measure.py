@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ... import bandwidth, timing
+from ...instruments import profiler
 from .analysis import device_kernels
 from .devices import CommSetup
 
@@ -232,12 +233,10 @@ def profile_kernels(fn: Callable[[], object], setup: CommSetup, *, trace_path=No
     with profile(activities=activities) as prof:
         fn()
         setup.synchronize()
-    out = {"kernels": device_kernels(prof.events())}
+    out = {"kernels": device_kernels(profiler.kernels(profiler.export(prof, trace_path), copies=True))}
     if table_rows:
         out["table"] = prof.key_averages().table(
             sort_by="cuda_time_total" if setup.on_gpu else "cpu_time_total", row_limit=table_rows)
-    if trace_path is not None:
-        prof.export_chrome_trace(str(trace_path))
     return out
 
 

@@ -32,10 +32,6 @@ def source_verdicts(data: dict) -> list[claims.Verdict]:
                    rule="TRUE if it exits with code 0")]
 
 
-def _path(paths: dict, name: str) -> dict:
-    return next(r for r in paths["rows"] if r["path"] == name)
-
-
 def collectives_verdicts(data: dict) -> list[claims.Verdict]:
     """The sweep (section 2) and, in recordings that have them, the link paths at the largest size."""
     return sweep_verdicts(data) + (paths_verdicts(data["paths"]) if data.get("paths") else [])

@@ -95,12 +95,6 @@ def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64)
     groups = {None: None, **{c: nccl_group(c) for c in ctas}}
     cpu_group = dist.new_group(backend="gloo")        # for time_alone's wait: no kernel on any GPU
 
-    def repeated(fn):
-        def loop(k):
-            for _ in range(k):
-                fn()
-        return loop
-
     def p2p(both: bool):
         def go():
             if not mover:
@@ -131,7 +125,7 @@ def link_paths(rank: int, world_size: int, size_bytes: int = 2**30, ctas=(8, 64)
                   (f"all_gather_into_tensor{suffix}", "SMs (NCCL)", 2, c,
                    lambda g=g: all_gather_into_tensor(gathered, shard, group=g), gathered.numel() * 2,
                    "all_gather")]
-    times = timing.benchmark_loops({s[0]: repeated(s[4]) for s in specs}, warmup=warmup, iters=iters,
+    times = timing.benchmark_loops({s[0]: timing.repeated(s[4]) for s in specs}, warmup=warmup, iters=iters,
                                    repeat=repeat)
     rows = []
     for name, engine, directions, c, _, size, op in specs:

@@ -36,29 +36,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ... import timing
+from ...instruments import profiler
 from ...config import rank_device
 from .verify import DTYPES
-
-NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")   # NCCL >= 2.19 and older names of its kernels
-
-
-def profiled_events(step, calls: int, activities, synchronize=lambda: None) -> list:
-    """``torch.profiler`` events of ``calls`` runs of ``step()``, after one warm-up run whose events are
-    dropped (``schedule(wait=0, warmup=1, active=calls)``: the profiler is running during the warm-up, so
-    its start-up cost falls there). ``synchronize()`` runs after the warm-up, so that its work has
-    finished before recording starts, and after the last call, so that every kernel is recorded."""
-    from torch.profiler import profile, schedule
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be an int >= 1 (profiled steps), got {calls!r}.")
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=calls, repeat=1)) as prof:
-        step()                                   # warm-up: profiled, then dropped
-        synchronize()
-        prof.step()                              # recording starts here and ends when the block exits
-        for _ in range(calls):
-            step()
-        synchronize()
-    return list(prof.events())
-
 
 def nccl_kernel_ms(step, calls: int, device) -> list[float]:
     """Run ``step()`` once (warm-up) and then ``calls`` times under ``torch.profiler`` (GPU activity only)
@@ -66,15 +46,10 @@ def nccl_kernel_ms(step, calls: int, device) -> list[float]:
     order they started; [] on the CPU."""
     if torch.device(device).type != "cuda":
         return []
-    from torch.profiler import ProfilerActivity
-    index = torch.device(device).index
     torch.cuda.synchronize(device)
-    events = profiled_events(step, calls, [ProfilerActivity.CUDA], lambda: torch.cuda.synchronize(device))
     # the kernels themselves: not the "nccl:all_reduce" ranges PyTorch may also draw on the GPU timeline
-    kernels = [e for e in events if "CUDA" in str(e.device_type) and int(e.device_index) == index
-               and not getattr(e, "is_user_annotation", False) and e.name.startswith(NCCL_KERNELS)]
-    kernels.sort(key=lambda e: e.time_range.start)
-    return [e.time_range.elapsed_us() / 1e3 for e in kernels]
+    doc = profiler.profile(step, calls=calls, warmup=1, cpu=False)
+    return [k["dur"] / 1e3 for k in profiler.nccl_kernels(doc, device=torch.device(device).index)]
 
 
 def split_calls(calls_ms: list[list[float]]) -> dict:

@@ -21,20 +21,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ...config import rank_device
+from ...instruments import compare
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 OK = "assert_close OK"
 
 
-def close(got, expected) -> str:
-    """``OK`` if ``torch.testing.assert_close`` passes, else its first line (or what is missing)."""
-    if got is None:
-        return "missing: the gradient is None (not connected to the loss?)"
-    try:
-        torch.testing.assert_close(got.detach(), expected.detach())
-        return OK
-    except AssertionError as exc:
-        return str(exc).strip().splitlines()[0]
+def outcome(got, expected) -> str:
+    """``OK`` if ``compare.close(got, expected)``, else what differs (``compare.mismatch``)."""
+    return compare.mismatch(got, expected) or OK
 
 
 def shard(t: torch.Tensor, dim: int, group=None) -> torch.Tensor:
@@ -78,10 +73,10 @@ def operators(rank: int, world_size: int, CopyToTP, ReduceFromTP, size: int = 6)
     xg = (x * (rank + 1)).requires_grad_()
     z = ReduceFromTP.apply(xg, None)
     (z * w_same).sum().backward()
-    return {"f forward: y = x": close(y, x),
-            "f backward: dL/dx = sum of every rank's dL/dy": close(xf.grad, sum(w_rank)),
-            "g forward: z = sum of every rank's x": close(z, x * sum(range(1, world_size + 1))),
-            "g backward: dL/dx = dL/dz": close(xg.grad, w_same)}
+    return {"f forward: y = x": outcome(y, x),
+            "f backward: dL/dx = sum of every rank's dL/dy": outcome(xf.grad, sum(w_rank)),
+            "g forward: z = sum of every rank's x": outcome(z, x * sum(range(1, world_size + 1))),
+            "g backward: dL/dx = dL/dz": outcome(xg.grad, w_same)}
 
 
 def _forward_backward(ref, model, x, dz, *, slice_input=False, slice_output=False):
@@ -105,10 +100,10 @@ def column_parallel(rank: int, world_size: int, ColumnParallelLinear, tokens: in
     layer = ColumnParallelLinear(ref)
     x, dy = _seeded((tokens, in_features), (tokens, out_features), seed=3, dev=dev, dt=torch.float64)
     y_ref, y, x_ref, x_tp = _forward_backward(ref, layer, x, dy, slice_output=True)
-    return {"output: this rank's columns of Y": close(y, shard(y_ref, -1)),
-            "grad of X (whole, on every rank)": close(x_tp.grad, x_ref.grad),
-            "grad of the weight shard": close(layer.weight.grad, shard(ref.weight.grad, 0)),
-            "grad of the bias shard": close(layer.bias.grad, shard(ref.bias.grad, 0))}
+    return {"output: this rank's columns of Y": outcome(y, shard(y_ref, -1)),
+            "grad of X (whole, on every rank)": outcome(x_tp.grad, x_ref.grad),
+            "grad of the weight shard": outcome(layer.weight.grad, shard(ref.weight.grad, 0)),
+            "grad of the bias shard": outcome(layer.bias.grad, shard(ref.bias.grad, 0))}
 
 
 def row_parallel(rank: int, world_size: int, RowParallelLinear, tokens: int = 5, in_features: int = 12,
@@ -121,10 +116,10 @@ def row_parallel(rank: int, world_size: int, RowParallelLinear, tokens: int = 5,
     layer = RowParallelLinear(ref)
     x, dz = _seeded((tokens, in_features), (tokens, out_features), seed=5, dev=dev, dt=torch.float64)
     z_ref, z, x_ref, x_i = _forward_backward(ref, layer, x, dz, slice_input=True)
-    return {"output Z (whole, on every rank)": close(z, z_ref),
-            "grad of X_i (this rank's slice)": close(x_i.grad, shard(x_ref.grad, -1)),
-            "grad of the weight shard": close(layer.weight.grad, shard(ref.weight.grad, 1)),
-            "grad of the bias": close(layer.bias.grad, ref.bias.grad)}
+    return {"output Z (whole, on every rank)": outcome(z, z_ref),
+            "grad of X_i (this rank's slice)": outcome(x_i.grad, shard(x_ref.grad, -1)),
+            "grad of the weight shard": outcome(layer.weight.grad, shard(ref.weight.grad, 1)),
+            "grad of the bias": outcome(layer.bias.grad, ref.bias.grad)}
 
 
 def mlp(rank: int, world_size: int, TensorParallelMLP, hidden: int = 16, ffn_hidden: int = 48,
@@ -136,11 +131,11 @@ def mlp(rank: int, world_size: int, TensorParallelMLP, hidden: int = 16, ffn_hid
     tp = TensorParallelMLP(ref)
     x, dz = _seeded((tokens, hidden), (tokens, hidden), seed=7, dev=dev, dt=torch.float64)
     z_ref, z, x_ref, x_tp = _forward_backward(ref, tp, x, dz)
-    return {"output Z": close(z, z_ref), "grad of X": close(x_tp.grad, x_ref.grad),
-            "grad of A (column shard)": close(tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
-            "grad of A's bias": close(tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
-            "grad of B (row shard)": close(tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
-            "grad of B's bias": close(tp.down.bias.grad, ref[2].bias.grad)}
+    return {"output Z": outcome(z, z_ref), "grad of X": outcome(x_tp.grad, x_ref.grad),
+            "grad of A (column shard)": outcome(tp.up.weight.grad, shard(ref[0].weight.grad, 0)),
+            "grad of A's bias": outcome(tp.up.bias.grad, shard(ref[0].bias.grad, 0)),
+            "grad of B (row shard)": outcome(tp.down.weight.grad, shard(ref[2].weight.grad, 1)),
+            "grad of B's bias": outcome(tp.down.bias.grad, ref[2].bias.grad)}
 
 
 def table(reports: list[dict]):

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import timing
+from ...instruments import memory
 from ...config import rank_device
 from .analysis import stage_times
 from .model import make_batch, make_blocks
@@ -85,15 +86,9 @@ def _timed_steps(run, dev, spans: StageSpans, n_warmup, n_repeat, prepare=None) 
 
 def _peak_bytes(run, dev):
     """Peak bytes allocated on ``dev`` during ``run()`` above what was allocated before (None on CPU)."""
-    if dev.type != "cuda":
+    with memory.Probe(dev) as probe:
         run()
-        return None
-    sync_devices([dev])
-    torch.cuda.reset_peak_memory_stats(dev)
-    base = torch.cuda.memory_allocated(dev)
-    run()
-    sync_devices([dev])
-    return torch.cuda.max_memory_allocated(dev) - base
+    return probe.peak_bytes
 
 
 def _micro_batch_bytes(stage, rows, hidden, dev, dtype, requires_grad):
@@ -104,20 +99,13 @@ def _micro_batch_bytes(stage, rows, hidden, dev, dtype, requires_grad):
     if dev.type != "cuda":
         return None, None
     h = torch.randn(rows, hidden, device=dev, dtype=dtype, requires_grad=requires_grad)
-    sync_devices([dev])
-    base = torch.cuda.memory_allocated(dev)
-    out = stage(h)
-    sync_devices([dev])
-    kept = torch.cuda.memory_allocated(dev) - base
+    with memory.Probe(dev) as forward:
+        out = stage(h)
     grad = torch.ones_like(out)  # what the next stage would send back
-    sync_devices([dev])
-    torch.cuda.reset_peak_memory_stats(dev)
-    before = torch.cuda.memory_allocated(dev)
-    out.backward(grad)
-    sync_devices([dev])
-    backward = torch.cuda.max_memory_allocated(dev) - before
+    with memory.Probe(dev) as backward:
+        out.backward(grad)
     del out, h, grad
-    return kept, backward
+    return forward.held_bytes, backward.peak_bytes
 
 
 def measure_rank(rank, world_size, step, cfg=None) -> dict:

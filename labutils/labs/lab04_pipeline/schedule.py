@@ -67,11 +67,6 @@ def partition(n_layers: int, p: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def activation_bytes(rows: int, hidden: int, element_size: int) -> int:
-    """Bytes of one activation message between stages: rows x hidden x element_size (bf16: 2)."""
-    return int(rows) * int(hidden) * int(element_size)
-
-
 # ---------------------------------------------------------------- schedules and their timing
 
 def schedule_order(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]:

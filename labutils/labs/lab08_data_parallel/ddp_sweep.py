@@ -18,7 +18,7 @@ issues them -- overlap, compute stretch and tail come from these.
 Last, the fastest configuration is built again (``_held_between_steps``): one step profiled **with** CPU
 activity (a Perfetto file showing DDP's hooks and launches on the host; its length shows what the CPU
 profiler does to a step), and the memory it holds between steps with ``gradient_as_bucket_view`` on
-and off (``memory.settle`` first: NCCL still holds the tensors of finished asynchronous collectives
+and off (``instruments.memory.settle`` first: NCCL still holds the tensors of finished asynchronous collectives
 until its watchdog lets go).
 """
 from __future__ import annotations
@@ -33,10 +33,12 @@ import torch.distributed as dist
 
 from labutils import compat, timing
 from labutils.config import rank_device
+from labutils.instruments import memory as gpu_memory, profiler
+from labutils.instruments.ledger import Ledger
 
-from . import memory, overlap, steps, trace
+from . import overlap, steps, trace
 from . import model as M
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
 
 
 def _traced(step, path: Path, rank: int, *, cpu: bool, n_steps: int = 1) -> dict:
@@ -44,8 +46,8 @@ def _traced(step, path: Path, rank: int, *, cpu: bool, n_steps: int = 1) -> dict
     the GPU drained, so that the barrier's own kernel is not in the trace)."""
     dist.barrier()
     torch.cuda.synchronize()
-    trace.profile_step(step, path, cpu=cpu, steps=n_steps)
-    return trace.summarize(trace.load_events(path), lane=f"rank {rank}", steps=n_steps)
+    doc = profiler.profile(step, calls=n_steps, cpu=cpu, path=path)
+    return trace.summarize(profiler.events(doc), lane=f"rank {rank}", steps=n_steps)
 
 
 def _timeline(step, no_sync, path: Path, rank: int, n_steps: int) -> tuple[dict, dict]:
@@ -65,15 +67,15 @@ def _configuration(cfg, x, y, device, trace_to, *, cap, ctas, group) -> tuple[di
     opt = steps.adam(m.parameters(), device)
     step, no_sync = steps.train_step(ddp, opt, x, y), steps.train_step(ddp, opt, x, y, sync=False)
     step()  # DDP's first iteration runs on buckets in parameter order...
-    with CollectiveLedger() as book:
+    with Ledger() as book:
         step()  # ...and rebuilds them in the order the gradients arrived: the buckets of every later step
     # warmup=1: one untimed no_sync step, where its gradients (outside the buckets) first find room
-    t = timing.benchmark_loops({"step": steps.repeated(step), "no_sync": steps.repeated(no_sync)},
+    t = timing.benchmark_loops({"step": timing.repeated(step), "no_sync": timing.repeated(no_sync)},
                                warmup=1, iters=cfg["paired_iters"], repeat=cfg["paired_repeat"])
     exposed, diffs = overlap.paired_difference(t["step"].samples_ms, t["no_sync"].samples_ms)
-    sizes = [b for op, b, _ in book.calls if op == "all_reduce"]
+    sizes = [r.size_bytes for r in book.records if r.op == "all_reduce"]
     row = {"bucket_cap_mb": cap, "ctas": ctas, "bucket_bytes": sizes, "n_buckets": len(sizes),
-           "volume_psi": book.volume_in_params(M.n_params(cfg)), "step_ms": t["step"].median_ms,
+           "volume_psi": volume_in_params(book, M.n_params(cfg)), "step_ms": t["step"].median_ms,
            "no_sync_ms": t["no_sync"].median_ms, "spread": t["step"].spread, "exposed_ms": exposed,
            "exposed_samples_ms": diffs}
     buffers = [torch.empty(b // 4, device=device) for b in sizes]  # fp32 gradients: 4 bytes each
@@ -95,8 +97,8 @@ def _held_between_steps(cfg, x, y, device, best: dict, groups: dict, view: bool,
     what dropping every ``p.grad`` frees (zero when the gradients are views into DDP's buckets). Traces
     (``trace_to=(folder, rank, keep_file)``): one step with CPU activity, ``{"best, CPU activity": ...}``."""
     everyone, tags = list(groups.values()), dict(bucket_cap_mb=best["bucket_cap_mb"], ctas=best["ctas"])
-    memory.settle(device, everyone)  # what earlier configurations left is gone before the baseline
-    base = memory.fresh_baseline(device)
+    gpu_memory.settle(device, everyone)  # what earlier configurations left is gone before the baseline
+    base = gpu_memory.fresh_baseline(device)
     m = M.build_transformer(cfg, device=device)
     ddp = steps.wrap_ddp(m, device, process_group=groups[best["ctas"]], bucket_cap_mb=best["bucket_cap_mb"],
                          gradient_as_bucket_view=view)
@@ -110,13 +112,13 @@ def _held_between_steps(cfg, x, y, device, best: dict, groups: dict, view: bool,
         path = folder / f"08_ddp_best_cpu_rank{rank}.json.gz"
         traces["best, CPU activity"] = dict(_traced(step, path, rank, cpu=True), steps=1,
                                             file=path.name if keep else None, **tags)
-    memory.settle(device, everyone)  # DDP's replaced buckets, still held by NCCL, are let go
-    state = memory.allocated(device) - base
+    gpu_memory.settle(device, everyone)  # DDP's replaced buckets, still held by NCCL, are let go
+    state = gpu_memory.allocated(device) - base
     for p in m.parameters():
         p.grad = None
-    grad_copy = state - (memory.allocated(device) - base)
-    held = {"state_bytes": steps.max_over_ranks(state, device),
-            "grad_copy_bytes": steps.max_over_ranks(grad_copy, device)}
+    grad_copy = state - (gpu_memory.allocated(device) - base)
+    state, grad_copy = timing.slowest_rank([state, grad_copy])      # the largest over the ranks
+    held = {"state_bytes": state, "grad_copy_bytes": grad_copy}
     return held, traces
 
 
@@ -133,7 +135,7 @@ def ddp_rank(rank, world_size, cfg: dict, trace_dir: str | None) -> dict:
     plain = steps.train_step(m, steps.adam(m.parameters(), device), x, y)
     for _ in range(cfg["warmup"]):
         plain()
-    out["compute_ms"] = timing.benchmark_loops({"plain": steps.repeated(plain)}, warmup=0, iters=cfg["paired_iters"],
+    out["compute_ms"] = timing.benchmark_loops({"plain": timing.repeated(plain)}, warmup=0, iters=cfg["paired_iters"],
                                                repeat=cfg["paired_repeat"])["plain"].median_ms
     del m, plain
 

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.compare import close
 
 from . import model as M
 from .reference import padded_flat, shard_of, split_batch, train_data_parallel
-from .verify import DTYPE, PER_RANK, close, image_batches, train_one_device, weights
+from .verify import DTYPE, PER_RANK, image_batches, train_one_device, weights
 
 
 def _convnet():

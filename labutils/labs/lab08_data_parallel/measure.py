@@ -8,10 +8,10 @@
 A training step is ``steps.train_step`` on ``model.BENCH``'s transformer with fp32 weights. Times: CUDA
 events, untimed warm-up steps, the median of ``cfg["repeat"]`` samples (08_ddp: ``cfg["paired_repeat"]``
 samples of ``cfg["paired_iters"]`` steps, step and no_sync in turn), each sample the slowest rank's
-(``timing``). Kernel timelines: the profiler with CUDA activity only (``trace.profile_step(cpu=False)``),
+(``timing``). Kernel timelines: the profiler with CUDA activity only (``instruments.profiler.profile(cpu=False)``),
 so that the CPU profiler's cost on the issuing thread does not enter the figures. Memory: bytes allocated above what the rank held before the model was built
-(``memory.fresh_baseline``), read after ``memory.settle``. Volumes: the bytes handed to the collectives
-during one step (``ledger.CollectiveLedger``), in units of Psi elements. The code under test (ZeRO,
+(``instruments.memory.fresh_baseline``), read after ``instruments.memory.settle``. Volumes: the bytes handed to the collectives
+during one step (``instruments.ledger.Ledger``), in units of Psi elements. The code under test (ZeRO,
 FSDP2 wrapping) is passed in; the defaults are ``reference``'s. ``ddp_sweep`` is 08_ddp's rank side.
 """
 from __future__ import annotations
@@ -23,13 +23,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils import timing
 from labutils.config import rank_device
+from labutils.instruments import memory as gpu_memory, profiler
+from labutils.instruments.ledger import Ledger
 from labutils.solutions import lab08 as solution
 
 from . import memory, overlap, reference, steps, trace
 from . import model as M
 from .ddp_sweep import ddp_rank
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
 
 REFERENCE_ZERO = {"shard_of": reference.shard_of, "zero1_step": solution.zero1_step,
                   "zero2_attach": reference.zero2_attach, "zero2_step": reference.zero2_step,
@@ -61,7 +64,7 @@ def ddp(pool, cfg: dict | None = None, trace_dir=None) -> dict:
 def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
     """One scheme of ``zero_rank``; everything it allocated is freed when it returns."""
     psi = M.n_params(cfg)
-    base = memory.fresh_baseline(device)
+    base = gpu_memory.fresh_baseline(device)
     m = M.build_transformer(cfg, device=device)
     params = list(m.parameters())
     shards = params if scheme == "DDP" else [impl["shard_of"](p, world_size, rank) for p in params]
@@ -81,12 +84,13 @@ def _zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device) -> dict:
 
     step()
     step()  # Adam's state exists from the first step on: now the steady state
-    memory.reset_peak(device)
-    with CollectiveLedger() as book:
+    gpu_memory.reset_peak(device)
+    with Ledger() as book:
         step()
-    row = {"scheme": scheme, "peak_bytes": steps.max_over_ranks(memory.peak(device) - base, device),
+    peak, = timing.slowest_rank([gpu_memory.peak(device) - base])      # the largest over the ranks
+    row = {"scheme": scheme, "peak_bytes": peak,
            "predicted_bytes": memory.predicted_bytes(scheme, psi, world_size),
-           "volume_psi": book.volume_in_params(psi), "calls": book.counts()}
+           "volume_psi": volume_in_params(book, psi), "calls": book.counts()}
     for h in hooks:
         h.remove()
     return row
@@ -97,7 +101,7 @@ def zero_rank(rank, world_size, cfg: dict, impl: dict) -> dict:
     batch so that the model states dominate), with the notebook's (or the reference) functions."""
     device = rank_device()
     steps.prepare(device)
-    memory.settle(device)  # what the measurements before left behind is gone before the first baseline
+    gpu_memory.settle(device)  # what the measurements before left behind is gone before the first baseline
     x, y = M.token_batch(cfg, cfg["memory_rows"], seq=cfg["memory_seq"], seed=rank, device=device)
     rows = [_zero_scheme(scheme, world_size, rank, cfg, impl, x, y, device)
             for scheme in ("DDP", "ZeRO-1", "ZeRO-2")]
@@ -127,8 +131,8 @@ def _kernel_summary(step, rank: int) -> dict:
     dist.barrier()
     torch.cuda.synchronize()
     with tempfile.TemporaryDirectory(prefix="lab08-fsdp-") as folder:
-        path = trace.profile_step(step, Path(folder) / f"step_rank{rank}.json", cpu=False)
-        summary = trace.summarize(trace.load_events(path), lane=f"rank {rank}")
+        doc = profiler.profile(step, cpu=False, path=Path(folder) / f"step_rank{rank}.json")
+        summary = trace.summarize(profiler.events(doc), lane=f"rank {rank}")
     return {k: v for k, v in summary.items() if k != "spans"}
 
 
@@ -152,8 +156,8 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
     x, y = M.token_batch(cfg, cfg["batch_per_rank"], seed=rank, device=device)
     rows = []
     for name, kwargs in fsdp_variants(cfg).items():
-        memory.settle(device)
-        base = memory.fresh_baseline(device)
+        gpu_memory.settle(device)
+        base = gpu_memory.fresh_baseline(device)
         m = M.build_transformer(cfg, device=device)
         wrapped = (steps.wrap_ddp(m, device, gradient_as_bucket_view=True) if kwargs is None
                    else shard_transformer(m, **kwargs))
@@ -162,15 +166,15 @@ def fsdp_rank(rank, world_size, cfg: dict, shard_transformer) -> dict:
         step = steps.train_step(wrapped, opt, x, y)
         for _ in range(cfg["warmup"]):
             step()
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             step()
-        memory.settle(device, groups)
-        state = memory.allocated(device) - base  # weights + gradients + Adam state, between steps
-        memory.reset_peak(device)
+        gpu_memory.settle(device, groups)
+        state = gpu_memory.allocated(device) - base  # weights + gradients + Adam state, between steps
+        gpu_memory.reset_peak(device)
         step()
-        peak = memory.peak(device) - base
-        row = {"name": name, "state_bytes": steps.max_over_ranks(state, device),
-               "peak_bytes": steps.max_over_ranks(peak, device), "volume_psi": book.volume_in_params(psi),
+        peak = gpu_memory.peak(device) - base
+        state, peak = timing.slowest_rank([state, peak])             # the largest over the ranks
+        row = {"name": name, "state_bytes": state, "peak_bytes": peak, "volume_psi": volume_in_params(book, psi),
                "calls": book.counts(), "step_ms": steps.time_ms(step, cfg["repeat"], device)}
         if device.type == "cuda" and name in traced_variants(cfg):
             row["trace"] = _kernel_summary(step, rank)

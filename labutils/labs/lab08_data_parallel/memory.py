@@ -11,12 +11,10 @@ over N ranks (section 5):
 
 This lab trains in fp32 with bf16 autocast for the matmuls, so there is no separate master copy:
 4 bytes of weights, 4 of gradients and 8 of Adam state (momentum, variance) -- the same 16 bytes per
-parameter, split 4 + 4 + 8. ``bytes_per_param(scheme, N, precision)`` gives both.
+parameter, split 4 + 4 + 8. ``bytes_per_param(scheme, N, precision)`` gives both. What a rank really
+holds is read from the CUDA allocator by ``labutils.instruments.memory``.
 """
 from __future__ import annotations
-
-import gc
-import time
 
 # (weights, gradients, optimizer state) in bytes per parameter
 PRECISIONS = {
@@ -55,66 +53,3 @@ def formula(scheme: str, precision: str = OURS) -> str:
 def predicted_bytes(scheme: str, n_params: int, world_size: int, precision: str = OURS) -> float:
     """``bytes_per_param * n_params``."""
     return bytes_per_param(scheme, world_size, precision) * n_params
-
-
-# ProcessGroupNCCL's watchdog thread looks at its list of collectives every 100 ms (kWatchdogThreadSleepMillis)
-WATCHDOG_PERIOD_S = 0.1
-
-
-def settle(device, groups=(None,)) -> None:
-    """Make ``torch.cuda.memory_allocated`` count only what the program itself holds: drop the references
-    the process groups still keep to tensors of finished collectives. Every rank must call it (it issues
-    one tiny collective per group). No-op off CUDA.
-
-    An asynchronous NCCL collective (DDP's bucket all-reduces) keeps its tensors alive until the caller
-    waits on its ``Work`` -- DDP waits on a future instead -- or until the group's watchdog thread has seen
-    it finish; the watchdog then hands the references back and they are dropped at the group's next
-    collective (``ProcessGroupNCCL::workEnqueue``). Until then a freed DDP's buckets, or the buckets DDP
-    replaced when it rebuilt them, still count as allocated: a measurement that forgets this is off by
-    whole buckets, by an amount that depends on thread timing. So: synchronize, wait out one watchdog
-    period and a half, issue one collective on every group, collect garbage.
-    """
-    import torch
-    import torch.distributed as dist
-    if getattr(device, "type", str(device)) != "cuda":
-        return
-    gc.collect()  # objects freed in reference cycles (a DDP and its reducer) let go of their tensors first
-    torch.cuda.synchronize(device)
-    time.sleep(1.5 * WATCHDOG_PERIOD_S)
-    for group in groups:
-        dist.all_reduce(torch.zeros(1, device=device), group=group)
-    torch.cuda.synchronize(device)
-    gc.collect()
-
-
-def fresh_baseline(device) -> int:
-    """Free what the last experiment left (garbage, cached blocks), reset the peak, and return the
-    bytes allocated now -- the zero from which an experiment's memory is counted. 0 off CUDA."""
-    import torch
-    gc.collect()
-    if getattr(device, "type", str(device)) != "cuda":
-        return 0
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_allocated(device)
-
-
-def allocated(device) -> int:
-    """``torch.cuda.memory_allocated`` (0 off CUDA)."""
-    import torch
-    return torch.cuda.memory_allocated(device) if getattr(device, "type", str(device)) == "cuda" else 0
-
-
-def peak(device) -> int:
-    """``torch.cuda.max_memory_allocated`` since the last reset (0 off CUDA)."""
-    import torch
-    return torch.cuda.max_memory_allocated(device) if getattr(device, "type", str(device)) == "cuda" else 0
-
-
-def reset_peak(device) -> None:
-    """Start a new peak window (no-op off CUDA)."""
-    import torch
-    if getattr(device, "type", str(device)) == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)

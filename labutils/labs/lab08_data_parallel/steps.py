@@ -1,7 +1,7 @@
 """One training step of lab 08's measurements, and the pieces every measurement builds it from.
 
     step = steps.train_step(steps.wrap_ddp(model, device), steps.adam(model.parameters(), device), x, y)
-    t = timing.benchmark_loops({"step": steps.repeated(step)}, warmup=0, iters=1, repeat=3)
+    t = timing.benchmark_loops({"step": timing.repeated(step)}, warmup=0, iters=1, repeat=3)
 
 A step is forward (bf16 autocast on GPUs), MSE loss, backward, AdamW (fused on GPUs); its phases are
 ``record_function`` ranges, so that a profiler trace shows them. Gradients are set to None at the start
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import record_function
 
@@ -59,22 +58,7 @@ def train_step(module, optimizer, x, y, *, autocast: bool = True, sync: bool = T
     return step
 
 
-def repeated(fn):
-    """``loop(k)`` calling ``fn()`` k times: the form ``timing.benchmark_loops`` takes."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            fn()
-    return loop
-
-
 def time_ms(step, repeat: int, device, warmup: int = 0) -> float:
     """Median of ``repeat`` back-to-back steps (CUDA events), each sample the slowest rank's."""
     t = timing.benchmark(step, warmup=warmup, repeat=repeat, device=device)
     return timing.summarize(timing.slowest_rank(t.samples_ms)).median_ms
-
-
-def max_over_ranks(value: float, device) -> float:
-    """The largest ``value`` over the ranks (a collective)."""
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())

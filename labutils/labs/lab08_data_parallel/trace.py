@@ -1,7 +1,7 @@
-"""One training step under ``torch.profiler``: a Perfetto-ready trace file, and the spans it contains.
+"""What lab 08 reads in the trace of training steps (``instruments.profiler``): overlap, waits, spans.
 
-    path = trace.profile_step(step, "traces/08_ddp_rank0.json.gz", cpu=False, steps=2)  # kernels only
-    t = trace.summarize(trace.load_events(path), lane="rank 0", steps=2)  # per step
+    doc = profiler.profile(step, calls=2, cpu=False, path="traces/08_ddp_rank0.json.gz")  # kernels only
+    t = trace.summarize(profiler.events(doc), lane="rank 0", steps=2)  # per step
     t["comm_ms"], t["overlap_ms"]            # NCCL kernel time, and how much of it ran beside compute
     t["tail_ms"]                             # the compute stream's wait before the optimizer's kernels
     t["idle_ms"]                             # time in the step when no kernel at all ran on the GPU
@@ -21,41 +21,9 @@ untraced, to within the cost of recording kernels. The ``record_function`` phase
 """
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-from typing import Callable
+from labutils.instruments import profiler
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def profile_step(step: Callable[[], None], path: str | Path, *, cpu: bool = True, steps: int = 1) -> Path:
-    """Run ``step()`` ``steps`` times, back to back, under the profiler and write a chrome trace to
-    ``path`` (gzip'd when it ends with ``.gz``). ``cpu=True`` records CPU activity (operators, hooks,
-    launches; ``step`` should wrap its phases in ``torch.profiler.record_function(name)`` for the phase
-    lane) and, when CUDA is in use, the GPU's; ``cpu=False`` records the GPU's kernels only. Returns the path.
-
-    Raises:
-        ValueError: ``steps`` < 1, or ``cpu=False`` without CUDA in use (there would be nothing to record).
-    """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: profile_step needs an int >= 1. HINT: steps=1 for one step.")
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    if not cpu and not cuda:
-        raise ValueError("profile_step(cpu=False) records GPU kernels only, and CUDA is not in use here. "
-                         "HINT: profile a step that runs on a GPU, or pass cpu=True.")
-    activities = ([ProfilerActivity.CPU] if cpu else []) + ([ProfilerActivity.CUDA] if cuda else [])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-    prof.export_chrome_trace(str(path))
-    return path
 
 
 def is_optimizer_kernel(name: str) -> bool:
@@ -83,15 +51,6 @@ def wait_before(kernels, is_target) -> float:
             last_end = b if last_end is None else max(last_end, b)
             in_run = False
     return waited
-
-
-def load_events(path: str | Path) -> list[dict]:
-    """The ``traceEvents`` of a chrome trace (``.json`` or ``.json.gz``)."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        doc = json.load(f)
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
 def union(intervals) -> list[tuple[float, float]]:
@@ -154,18 +113,18 @@ def summarize(events: list[dict], *, lane: str = "GPU", draw_gap_ms: float = 0.0
     Raises:
         ValueError: the trace holds no GPU kernel (a CPU-only trace, or CUDA activity not recorded).
     """
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    kernels = profiler.kernels(events)
     if not kernels:
         raise ValueError("the trace holds no GPU kernel. HINT: profile a step that runs on a GPU, with "
-                         "ProfilerActivity.CUDA (trace.profile_step adds it when CUDA is in use).")
+                         "ProfilerActivity.CUDA (profiler.profile adds it when CUDA is in use).")
     phases = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_user_annotation"
               and e.get("name") in PHASES]
     iv = lambda e: (float(e["ts"]) / 1e3, (float(e["ts"]) + float(e.get("dur", 0))) / 1e3)  # noqa: E731
-    comm = [iv(e) for e in kernels if e["name"].lower().startswith("nccl")]
-    compute = [iv(e) for e in kernels if not e["name"].lower().startswith("nccl")]
-    optimizer = [iv(e) for e in kernels if is_optimizer_kernel(e["name"])]
-    non_nccl = [(*iv(e), e["name"]) for e in kernels if not e["name"].lower().startswith("nccl")]
-    copies = [iv(e) for e in events if e.get("ph") == "X" and e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    comm = [iv(k) for k in kernels if k["kind"] == "nccl"]
+    compute = [iv(k) for k in kernels if k["kind"] == "compute"]
+    optimizer = [iv(k) for k in kernels if is_optimizer_kernel(k["name"])]
+    non_nccl = [(*iv(k), k["name"]) for k in kernels if k["kind"] == "compute"]
+    copies = [iv(k) for k in profiler.kernels(events, copies=True) if k["kind"] in ("memcpy", "memset")]
     t0 = min(a for a, _ in comm + compute + [iv(e) for e in phases])
     t1 = max(b for _, b in comm + compute + [iv(e) for e in phases])
     comm_ms, overlap_ms = total(comm), intersection(comm, compute)

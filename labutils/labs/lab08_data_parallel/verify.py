@@ -15,9 +15,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.config import rank_device
+from labutils.instruments.compare import close
+from labutils.instruments.ledger import Ledger
 
 from . import model as M
-from .ledger import CollectiveLedger
+from .ledger import volume_in_params
+from .steps import wrap_ddp
 from .reference import require_fsdp2, split_batch
 
 DTYPE = torch.float64
@@ -25,15 +28,6 @@ PER_RANK = 4  # images per rank in every batch
 STEPS = 5
 LR = 0.1
 TOLERANCE = "float64, torch.testing.assert_close defaults: rtol 1e-07, atol 1e-07"
-
-
-def close(a, b, **tol) -> bool:
-    """``torch.testing.assert_close`` as a boolean (lists of tensors; devices aligned)."""
-    try:
-        torch.testing.assert_close([t.detach().cpu() for t in a], [t.detach().cpu() for t in b], **tol)
-        return True
-    except AssertionError:
-        return False
 
 
 def weights(model) -> list:
@@ -63,12 +57,6 @@ def train_one_device(model, batches, optimizer):
         F.cross_entropy(model(images), labels).backward()
         optimizer.step()
     return model
-
-
-def _ddp(module, **kwargs):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    device = rank_device()
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
 
 
 def _convnet(seed: int = 0):
@@ -127,11 +115,11 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
     images, labels = M.image_batch(PER_RANK * world_size * micro_batches, seed=99, device=device, dtype=DTYPE)
     x, y = split_batch(images, labels)
     micro = list(zip(x.chunk(micro_batches), y.chunk(micro_batches)))
-    ddp = _ddp(_convnet())
+    ddp = wrap_ddp(_convnet(), rank_device())
     grads, calls = {}, {}
     for use_no_sync in (False, True):
         ddp.zero_grad(set_to_none=True)
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             accumulate(ddp, micro, use_no_sync)
         calls[use_no_sync] = book.counts().get("all_reduce", 0)
         grads[use_no_sync] = [p.grad.clone() for p in ddp.parameters()]
@@ -149,7 +137,7 @@ def check_ddp(rank, world_size, train_ddp, train_data_parallel, accumulate, aver
             buffers.append(bucket.buffer())
             return default_hooks.allreduce_hook(None, bucket)
 
-        ddp = _ddp(_convnet(), gradient_as_bucket_view=as_view)
+        ddp = wrap_ddp(_convnet(), rank_device(), gradient_as_bucket_view=as_view)
         ddp.register_comm_hook(None, keep_bucket)
         for _ in range(2):  # grads become views of the buckets after the first iteration
             buffers.clear()
@@ -185,7 +173,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         opt = torch.optim.AdamW(shards, lr=1e-2)
         hooks = zero2_attach(params, shards) if scheme == "ZeRO-2" else []
         freed = True
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for images, labels in data:
                 x, y = split_batch(images, labels)
                 F.cross_entropy(m(x), y).backward()
@@ -201,7 +189,7 @@ def check_zero(rank, world_size, shard_of, zero1_step, zero2_attach, zero2_step,
         for h in hooks:
             h.remove()
         runs[scheme] = {"weights": weights(m), "state": adam_state_numel(opt), "freed": freed,
-                        "volume": book.volume_in_params(sum(p.numel() for p in params)) / steps}
+                        "volume": volume_in_params(book, sum(p.numel() for p in params)) / steps}
     base = runs["DDP by hand"]
     out = {}
     for scheme in ("ZeRO-1", "ZeRO-2"):
@@ -232,16 +220,16 @@ def check_fsdp(rank, world_size, shard_transformer, steps: int = 3, cfg: dict | 
         wrapped = wrap(m)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
         losses = []
-        with CollectiveLedger() as book:
+        with Ledger() as book:
             for _ in range(steps):
                 opt.zero_grad()
                 loss = F.mse_loss(wrapped(x), y)
                 loss.backward()
                 opt.step()
                 losses.append(loss.detach())
-        return losses, weights(m), book.volume_in_params(psi) / steps
+        return losses, weights(m), volume_in_params(book, psi) / steps
 
-    ddp = run(_ddp)
+    ddp = run(lambda m: wrap_ddp(m, device))
     out = {"DDP: communication per step in Ψ": f"{ddp[2]:.1f}"}
     for name, kwargs in FSDP_VARIANTS.items():
         losses, w, volume = run(lambda m, kw=kwargs: shard_transformer(m, **kw))

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ... import bandwidth, compat, timing
+from ...instruments import memory
 from ...config import rank_device
 from .wire import SavedTensors, dropout_mask_bytes, saved_bytes_predicted
 
@@ -28,11 +29,6 @@ def _dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}. HINT: one of {', '.join(_DTYPES)}.")
     return _DTYPES[name]
-
-
-def _sync() -> None:
-    if rank_device().type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _seeded(make, seed: int, device: torch.device):
@@ -48,14 +44,6 @@ def _seeded(make, seed: int, device: torch.device):
 def _generator(seed: int, device: torch.device) -> torch.Generator:
     """A generator on ``device``: inputs are drawn where they are used, not filled on the CPU and copied."""
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def _loop(call):
-    """``call`` as a loop for ``timing.benchmark_loops``: ``loop(k)`` calls it k times back to back."""
-    def loop(k: int) -> None:
-        for _ in range(k):
-            call()
-    return loop
 
 
 # ------------------------------------------------------------------------------ part 1
@@ -126,8 +114,8 @@ def dispatch_sweep(rank: int, world_size: int, dispatch, tokens_list, *, hidden:
         rows = x[torch.argsort(dest, stable=True)]
         got = rows.new_empty((sum(recv), hidden))
         t = timing.benchmark_loops(
-            {"dispatch": _loop(lambda: dispatch(x, dest, None)),
-             "rows only": _loop(lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv,
+            {"dispatch": timing.repeated(lambda: dispatch(x, dest, None)),
+             "rows only": timing.repeated(lambda: dist.all_to_all_single(got, rows, output_split_sizes=recv,
                                                                input_split_sizes=send))},
             warmup=warmup, iters=iters, repeat=repeat)
         out["tokens"].append(tokens)
@@ -164,9 +152,9 @@ def skew_sweep(rank: int, world_size: int, MoE, ExpertParallelMoE, dispatch, rou
             layers.append(layer)
             dests.append(expert.flatten())
         t_dispatch = timing.benchmark_loops(
-            {i: _loop(lambda d=d: dispatch(x, d, None)) for i, d in enumerate(dests)},
+            {i: timing.repeated(lambda d=d: dispatch(x, d, None)) for i, d in enumerate(dests)},
             warmup=warmup, iters=iters, repeat=repeat)
-        t_layer = timing.benchmark_loops({i: _loop(lambda m=m: m(x)) for i, m in enumerate(layers)},
+        t_layer = timing.benchmark_loops({i: timing.repeated(lambda m=m: m(x)) for i, m in enumerate(layers)},
                                          warmup=layer_warmup, iters=layer_iters, repeat=repeat)
     for i, bias in enumerate(router_biases):
         matrix = _count_matrix(dests[i], n)
@@ -224,21 +212,14 @@ def _memory(block, x, dy, after_backward) -> dict:
     """Bytes the forward leaves allocated (activations kept for backward + the output) and the peak over
     forward and backward, both above what was allocated before (CUDA allocator; None on CPU); and the
     bytes autograd saved, counted by ``SavedTensors``."""
-    cuda = x.is_cuda
-    _sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    with SavedTensors(exclude=block.parameters()) as saved:
-        y = _local(block(x))
-    _sync()
-    held = torch.cuda.memory_allocated() - base if cuda else None
-    out_bytes = y.numel() * y.element_size()
-    y.backward(dy)
-    after_backward(block)
-    _sync()
-    peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    return {"held_bytes": held, "peak_bytes": peak, "saved_bytes": saved.nbytes, "output_bytes": out_bytes}
+    with memory.Probe(x.device) as probe:
+        with SavedTensors(exclude=block.parameters()) as saved:
+            y = _local(block(x))
+        held = probe.held_now()
+        out_bytes = y.numel() * y.element_size()
+        y.backward(dy)
+        after_backward(block)
+    return {"held_bytes": held, "peak_bytes": probe.peak_bytes, "saved_bytes": saved.nbytes, "output_bytes": out_bytes}
 
 
 def block_sweep(rank: int, world_size: int, Block, ParallelBlock, variants: dict, tokens_list, *,

@@ -23,20 +23,12 @@ import torch
 import torch.distributed as dist
 
 from ...config import rank_device
-from .wire import SavedTensors, WireLedger, dropout_mask_bytes, saved_bytes_predicted
+from ...instruments.compare import close
+from ...instruments.ledger import Ledger
+
+from .wire import SavedTensors, dropout_mask_bytes, saved_bytes_predicted
 
 DTYPE = torch.float64  # rounding cannot hide a bug, and NCCL and gloo both move float64
-
-
-def close(got, expected) -> bool:
-    """``torch.testing.assert_close`` as a boolean (None vs a tensor is a mismatch)."""
-    if got is None or expected is None:
-        return got is None and expected is None
-    try:
-        torch.testing.assert_close(got.detach(), expected.detach())
-        return True
-    except AssertionError:
-        return False
 
 
 def _inputs(shape, seed: int, device):
@@ -142,7 +134,7 @@ def block_matches(rank: int, world_size: int, Block, ParallelBlock, *, sequence_
 
 def traffic(rank: int, world_size: int, Block, ParallelBlock, *, sync=None, plans: dict | None = None,
             seed: int = 0, shape: dict | None = None) -> list[dict]:
-    """Collectives of one forward and one backward pass of each variant, counted by ``WireLedger``.
+    """Collectives of one forward and one backward pass of each variant, counted by ``instruments.ledger.Ledger``.
 
     Variants: ``"TP"`` and ``"SP"`` (hand-written; SP followed by ``sync``), and one per entry of
     ``plans``: ``{"DTensor TP": (plan_fn, sequence_parallel), ...}`` with ``plan_fn()`` returning a
@@ -160,14 +152,14 @@ def traffic(rank: int, world_size: int, Block, ParallelBlock, *, sync=None, plan
     for layer, (build, sp, after) in variants.items():
         block = build()
         xs = x.chunk(world_size)[rank] if sp else x
-        with WireLedger("forward") as fwd:
+        with Ledger("forward") as fwd:
             y = block(xs.clone().requires_grad_())
-        with WireLedger("backward") as bwd:
+        with Ledger("backward") as bwd:
             y.backward(dy.chunk(world_size)[rank] if sp else dy)
-        with WireLedger("gradient sync") as grads:
+        with Ledger("gradient sync") as grads:
             if after is not None:
                 after(block, None)
-        rows += [dict(r, layer=layer) for r in fwd.rows() + bwd.rows() + grads.rows()]
+        rows += [dict(r, layer=layer) for r in fwd.summary() + bwd.summary() + grads.summary()]
     return rows
 
 

@@ -1,143 +1,14 @@
-"""Counting what a parallel layer sends and what it keeps for backward (lab 09's bookkeeping).
+"""Counting what a parallel layer keeps for backward (lab 09's bookkeeping; what it sends is counted
+by ``labutils.instruments.ledger.Ledger``).
 
-* ``WireLedger``: a ``TorchDispatchMode`` that records every collective issued inside it -- the c10d
-  ops behind ``dist.all_reduce`` & co., and the functional collectives DTensor issues -- with the size
-  S nccl-tests would report and the bytes one rank puts on the wire in a ring,
-  ``bandwidth.bus_factor(op, n) * S`` (for all-to-all: exactly the bytes it sends to other ranks).
-  It works inside backward too (autograd carries the mode into its worker threads).
 * ``SavedTensors``: a ``saved_tensors_hooks`` context that adds up the distinct storages autograd keeps
   for backward, parameters excluded: the activation memory of a forward pass, counted.
 * ``saved_bytes_predicted``: the same number from the shapes (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", section 4).
-
-Example, inside a launched rank::
-
-    with WireLedger() as fwd:
-        y = block(x)
-    fwd.wire_bytes()        # bytes this rank sent in the forward pass
-    fwd.rows()              # [{"op": "all_reduce", "calls": 1, "size_bytes": ..., "wire_bytes": ...}]
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ... import bandwidth
-
-# c10d ops (what torch.distributed's Python functions call) -> the collective's name in bandwidth.
-_C10D = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather", "allgather_": "all_gather",
-         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-         "alltoall_base_": "all_to_all", "alltoall_": "all_to_all", "broadcast_": "broadcast",
-         "reduce_": "reduce"}
-# functional collectives (DTensor's redistribute, torch.distributed._functional_collectives)
-_FUNCOL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-           "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all",
-           "broadcast": "broadcast"}
-_FUNCOL_NAMESPACES = ("_c10d_functional", "c10d_functional")
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-def _all_to_all_sent(inp: torch.Tensor, input_split_sizes, rank: int, n: int) -> int:
-    """Bytes of ``inp`` that go to *other* ranks (the block for ``rank`` itself is a local copy)."""
-    row = _nbytes(inp) // inp.shape[0] if inp.dim() and inp.shape[0] else 0
-    splits = list(input_split_sizes or []) or [inp.shape[0] // n] * n
-    return (sum(splits) - splits[rank]) * row
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    """One recorded collective: its name, nccl-tests size S and the bytes this rank sent."""
-    op: str
-    size_bytes: int
-    wire_bytes: float
-    phase: str
-
-
-class WireLedger(TorchDispatchMode):
-    """Record the collectives issued while the context is active.
-
-    Args:
-        phase: a label stored with every record ("forward", "backward", ...).
-        world_size, rank: of the group the collectives run on (default: the world). The ledger assumes
-            one group; a layer that talks over several groups needs one ledger per group.
-    """
-
-    def __init__(self, phase: str = "", world_size: int | None = None, rank: int | None = None):
-        super().__init__()
-        self.phase = phase
-        self.world_size = dist.get_world_size() if world_size is None else world_size
-        self.rank = dist.get_rank() if rank is None else rank
-        self.records: list[Collective] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **kwargs)
-        if any(issubclass(t, DTensor) for t in types):
-            # A mode runs before tensor subclasses: step aside, let DTensor turn the op into collectives
-            # on plain tensors, and see those when they come back through here.
-            return NotImplemented
-        self._record(func, args)
-        return func(*args, **kwargs)
-
-    def _record(self, func, args) -> None:
-        ns, name = str(func.overloadpacket).split(".", 1)
-        n = self.world_size
-        if ns == "c10d" and name in _C10D:
-            op = _C10D[name]
-            if name in ("allreduce_", "broadcast_", "reduce_"):
-                size = sum(_nbytes(t) for t in args[0])
-            elif name == "_allgather_base_":
-                size = _nbytes(args[0])                        # the gathered output
-            elif name == "allgather_":
-                size = sum(_nbytes(t) for t in args[1]) * n    # n x the input
-            elif name == "_reduce_scatter_base_":
-                size = _nbytes(args[1])                        # the input
-            elif name == "reduce_scatter_":
-                size = sum(_nbytes(t) for t in args[0]) * n
-            elif name == "alltoall_base_":
-                size = _nbytes(args[1])
-                self._add(op, size, _all_to_all_sent(args[1], args[4], self.rank, n))
-                return
-            else:  # alltoall_(outputs, inputs, ...)
-                size = sum(_nbytes(t) for t in args[1])
-                self._add(op, size, size - _nbytes(args[1][self.rank]))
-                return
-        elif ns in _FUNCOL_NAMESPACES and name in _FUNCOL:
-            op = _FUNCOL[name]
-            inp = args[0]
-            if op == "all_to_all":
-                self._add(op, _nbytes(inp), _all_to_all_sent(inp, args[2], self.rank, n))
-                return
-            size = _nbytes(inp) * (args[1] if op == "all_gather" else 1)
-        else:
-            return
-        self._add(op, size, bandwidth.bus_factor(op, n) * size)
-
-    def _add(self, op: str, size: int, wire: float) -> None:
-        self.records.append(Collective(op, int(size), float(wire), self.phase))
-
-    def wire_bytes(self) -> float:
-        """Bytes this rank sent in all recorded collectives (ring model, nccl-tests' factors)."""
-        return sum(r.wire_bytes for r in self.records)
-
-    def rows(self) -> list[dict]:
-        """One row per (phase, op): calls, total S and total wire bytes, in first-seen order."""
-        out: dict[tuple, dict] = {}
-        for r in self.records:
-            row = out.setdefault((r.phase, r.op), {"phase": r.phase, "op": r.op, "calls": 0,
-                                                   "size_bytes": 0, "wire_bytes": 0.0})
-            row["calls"] += 1
-            row["size_bytes"] += r.size_bytes
-            row["wire_bytes"] += r.wire_bytes
-        return list(out.values())
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
