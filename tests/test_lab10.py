@@ -238,6 +238,16 @@ def test_sync_that_sums_is_rejected(gloo4):
         check.sync_grads(sums, nb.TensorParallelMLP, pool=gloo4)
 
 
+def test_sync_that_reduces_twice_is_rejected_by_its_bytes(gloo4):
+    def twice(model, mesh):                       # the right average, twice the traffic
+        for p in model.parameters():
+            for _ in range(2):                    # the second average changes nothing: all dp ranks agree
+                dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+                p.grad.div_(mesh["dp"].size())
+    with pytest.raises(ExerciseError, match="sent 2,304 bytes per step.*sends 1,152.*HINT: all-reduce every"):
+        check.sync_grads(twice, nb.TensorParallelMLP, pool=gloo4)
+
+
 def test_a_checker_refuses_a_pool_of_the_wrong_size(gloo2):
     with pytest.raises(ValueError, match="4 gloo ranks.*HINT"):
         check.hierarchical_all_reduce(solution.hierarchical_all_reduce, pool=gloo2)

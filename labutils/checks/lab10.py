@@ -9,6 +9,7 @@ says so, checks the reference (a stand-in) and the notebook goes on with it. Pas
 """
 from __future__ import annotations
 
+from .. import bandwidth
 from . import fail, implemented_or_reference, not_attempted, passed, run_ranks
 
 WORLD_SIZE = 4
@@ -81,13 +82,19 @@ def sync_grads(fn, TensorParallelMLP, pool=None):
                  "mesh['dp'].get_group()")
         if not synced:
             fail(f"rank {rank}: your sync issued no collective", "all-reduce each p.grad over mesh['dp'].get_group()")
+        sent = sum(g["wire_bytes"] for g in synced)
+        want = bandwidth.bus_factor("all_reduce", r["dp"]) * r["shard_bytes"]
+        if abs(sent - want) > 1e-6 * want:
+            fail(f"rank {rank}: your sync sent {sent:,.0f} bytes per step, an all-reduce of this rank's shards over "
+                 f"'dp' sends {want:,.0f}", "all-reduce every parameter's .grad exactly once per step")
         bad = [k for k, ok in r["equal"].items() if not ok]
         if bad:
             fail(f"rank {rank} (dp {r['coordinate']['dp']}, tp {r['coordinate']['tp']}): after training, "
                  f"{', '.join(bad)} differ from one-device training",
                  "average, do not sum: each dp rank's loss is the mean over its half of the batch, so the "
                  "batch's gradient is the mean of theirs (divide by mesh['dp'].size())")
-    passed(f"2-D mesh (dp 2 x tp 2) trains like one device on {WORLD_SIZE} ranks: the gradient sync ran on 'dp' only")
+    passed(f"2-D mesh (dp 2 x tp 2) trains like one device on {WORLD_SIZE} ranks: the gradient sync ran on 'dp' "
+           f"only, {want:,.0f} bytes per rank per step")
     return fn
 
 

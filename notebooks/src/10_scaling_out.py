@@ -526,7 +526,7 @@ class TensorParallelMLP(nn.Module):
 # over its half of the batch. `mesh["dp"].get_group()` and `mesh["tp"].get_group()` are this rank's two
 # process groups, `mesh["dp"].size()` the number of ranks in its "dp" group. The checker trains the
 # tensor-parallel MLP for two steps on 4 gloo ranks, compares every shard with one-device training
-# (`assert_close`), and reads from the ledger which group each of your collectives ran on.
+# (`assert_close`), and reads from the ledger which group each of your collectives ran on and what it sent.
 
 # %%
 def my_sync_grads(model, mesh):

@@ -129,6 +129,7 @@ def mesh_training(rank: int, world_size: int, TensorParallelMLP, sync, *, dp: in
             result[name] = True
         except AssertionError:
             result[name] = False
-    steps_records = [r for r in books]
+    steps_records = list(books)
+    shard_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"equal": result, "groups": group_names(steps_records[: len(steps_records) // steps], mesh),
-            "coordinate": {"dp": d, "tp": t}}
+            "coordinate": {"dp": d, "tp": t}, "dp": dp, "shard_bytes": shard_bytes}
