@@ -243,6 +243,12 @@ claims.show(CLAIMS["10_cost_vs_n"](C))
 # link per rank — does not hold for ranks that share one CPU. For the same reason the fitted beta of the
 # table is the cores' copying rate shared among n ranks, not the rate of a link.
 #
+# The crossover table puts numbers on "the size where one gives way to the other moves with n". In the
+# per-link model (the 2-rank ring's alpha per round and its beta, for every n) the size above which the ring
+# beats the tree grows with n — its extra rounds, 2(n − 1) − 2⌈log₂ n⌉, grow faster than the bytes it saves —
+# while the direct exchange, whose bytes grow with n, gives way to the ring at smaller sizes as n grows. The
+# measured columns say where these ranks on one CPU follow the model.
+#
 # `n_1/2` = alpha · beta is the size at which half of beta is reached: below it a call is mostly latency.
 # Where it grows with n, larger messages are needed to use the links — one reason large jobs bucket their
 # gradients (lab 08).

@@ -66,7 +66,7 @@ def allreduce_sweep(rank: int, world_size: int, algorithms: dict, sizes: list, n
 def _sweep_group(part, algorithms, sizes, n, group, device, ledger_size, warmup, iters, repeat) -> None:
     """One n of ``allreduce_sweep``: check, count and time every algorithm on ``group``, into ``part``."""
     for name, fn in algorithms.items():
-        part["correct"][name] = _correct(fn, n, group, 2 * n + 3, device)   # a length n does not divide
+        part["correct"][name] = _correct(fn, n, group, 2 * n + 1, device)   # a length n does not divide
         part["ledger"][name] = _ledger_counts(fn, torch.zeros(ledger_size // 4, device=device), group)
     for size in sizes:
         bufs = {name: torch.zeros(size // 4, device=device) for name in algorithms}
