@@ -551,6 +551,14 @@ MESH = GLOO.run(verify.mesh_training, TensorParallelMLP, sync_grads)
 print("every shard equals one-device training on every rank:", all(all(r["equal"].values()) for r in MESH))
 pd.DataFrame(MESH[0]["groups"]).astype({"wire_bytes": int})
 
+# %% tags=["nbval-ignore-output"]
+if GPUS >= 4:                                         # the same mesh on GPUs, one per rank (NCCL)
+    with labutils.RankPool(world_size=4, backend="nccl", output="quiet") as nccl_pool:
+        MESH_GPU = nccl_pool.run(verify.mesh_training, TensorParallelMLP, sync_grads)
+    print("on 4 GPUs, every shard equals one-device training:", all(all(r["equal"].values()) for r in MESH_GPU))
+else:
+    print(f"this machine has {GPUS} GPU(s): the mesh on GPUs needs 4; the gloo ranks above ran the same code")
+
 # %% [markdown]
 # The "tp" row is *g*'s all-reduce of the activations (tokens × hidden) in forward. *f*'s all-reduce in
 # backward is missing: it computes the gradient of the MLP's input, and the input here is data, which needs

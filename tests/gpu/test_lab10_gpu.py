@@ -55,3 +55,13 @@ def test_the_notebooks_all_reduces_on_nccl():
                          kwargs=dict(ledger_size=6144, warmup=1, iters=1, repeat=1))
     data = measure.combine(parts, [2**12], [n], 6144, cores=1)
     assert all(all(v.values()) for v in data["correct"].values())
+
+
+@needs_gpus(4)
+def test_the_mesh_on_four_gpus_trains_like_one():
+    from labutils.labs.lab10_scaling_out import verify
+    from labutils.solutions import lab10 as solution
+    nb = load_definitions("10_scaling_out")
+    with labutils.RankPool(world_size=4, backend="nccl", output="quiet") as pool:
+        reports = pool.run(verify.mesh_training, nb.TensorParallelMLP, solution.sync_grads)
+    assert all(all(r["equal"].values()) for r in reports)

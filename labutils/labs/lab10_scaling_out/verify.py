@@ -103,9 +103,10 @@ def mesh_training(rank: int, world_size: int, TensorParallelMLP, sync, *, dp: in
     from ...config import rank_device
     if world_size % dp:
         raise ValueError(f"dp = {dp} does not divide {world_size} ranks. HINT: a divisor of {world_size}.")
-    mesh = init_device_mesh(rank_device().type, (dp, world_size // dp), mesh_dim_names=("dp", "tp"))
-    mlp, x, y = mesh_problem(hidden, ffn, tokens)
-    reference = one_device_training(mesh_problem(hidden, ffn, tokens)[0], x, y, steps, lr)
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (dp, world_size // dp), mesh_dim_names=("dp", "tp"))
+    mlp, x, y = (t.to(device) for t in mesh_problem(hidden, ffn, tokens))
+    reference = one_device_training(mesh_problem(hidden, ffn, tokens)[0].to(device), x, y, steps, lr)
     model = TensorParallelMLP(mlp, mesh["tp"].get_group())
     d = mesh.get_local_rank("dp")
     xs, ys = x.chunk(dp)[d], y.chunk(dp)[d]                   # this data-parallel slice of the batch
