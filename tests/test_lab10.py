@@ -12,7 +12,6 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-import torch
 import torch.distributed as dist
 
 import labutils

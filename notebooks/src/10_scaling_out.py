@@ -614,7 +614,8 @@ claims.show(CLAIMS["06_bench_sweep"](BENCH.data))
 # default on 8 GPUs, NVLS: the switch does the additions, each GPU sends its data once instead of 2(n − 1)/n
 # times, and a ring model cannot reach it — the verdict says by how much. The latency column is a range: the
 # per-round reading multiplies the host's launch cost by the rounds, the fixed reading does not grow at all; a
-# CUDA-graph fit (lab 06) would narrow it.
+# CUDA-graph fit (lab 06) would narrow it. No published 8-GPU latency is cited here, so that column is a
+# prediction without a verdict.
 #
 # ### The communication roofline
 # A tensor-parallel MLP (hidden h, inner 4h) on n GPUs computes 16·t·h²/n FLOPs per forward pass over t tokens
