@@ -64,7 +64,9 @@ def _cases():
     for lab, module in sorted(MODULES.items()):
         for key, fn in module.CLAIMS.items():
             names = (key,) if isinstance(key, str) else tuple(key)
-            yield pytest.param(lab, names, fn, id=f"{lab}:{'+'.join(names)}")
+            # a lab whose notebook is not built yet printed nothing (test_notebooks_in_sync fails on it)
+            marks = () if lab in NOTEBOOKS else pytest.mark.skip(reason=f"notebooks/{lab}_*.ipynb is not built yet")
+            yield pytest.param(lab, names, fn, id=f"{lab}:{'+'.join(names)}", marks=marks)
 
 
 def test_every_lab_judges_its_claims():

@@ -983,9 +983,10 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 #   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan, whose
 #   verdict at the largest layer says whether the layers measured here had enough.
 #
-# **Next:** this is the course's last lab. The plans of section 4 and lab 08's `fully_shard` combine on a
-# 2-D mesh (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and
-# sequence parallelism across the other) — the layout large models are trained with. Lab 06's benchmark
+# **Next:** lab 10, scaling out. The plans of section 4 and lab 08's `fully_shard` combine on a 2-D mesh
+# (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and sequence
+# parallelism across the other) — the layout large models are trained with; lab 10 builds such a mesh and
+# shows how the collectives' cost grows beyond two GPUs and across the node boundary. Lab 06's benchmark
 # (`python -m labutils bench`) measures `all_to_all` next to the other collectives on any machine, and
 # lab 05 is the place to come back to when a rank hangs.
 
