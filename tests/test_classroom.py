@@ -1,12 +1,13 @@
-"""classroom release -> a simulated class of three learners on lab 03 -> classroom grade.
+"""classroom release -> a simulated class on lab 03 -> classroom grade.
 
 One learner solves both rings, one leaves the notebook untouched, one submits a ring all-gather that
-deadlocks. The gradebook must give each the right points and reasons; the student edition must carry no
+deadlocks, one a cell that kills its kernel. The gradebook must give each the right points and reasons; the student edition must carry no
 solution text and run end to end untouched; nothing may be left running.
 """
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,21 @@ DEADLOCKING_RING = '''def my_ring_all_gather(output, input):
 '''
 
 
+NO_SOLUTIONS = '''"""As in a student's environment: the reference solutions cannot be imported."""
+import importlib.abc
+import sys
+
+
+class NoSolutions(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "labutils.solutions" or name.startswith("labutils.solutions."):
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the student edition)")
+
+
+sys.meta_path.insert(0, NoSolutions())
+'''
+
+
 def _answer(nb, grade_id: str, source: str) -> None:
     cell, = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id]
     cell.source = source
@@ -99,27 +115,33 @@ def test_student_edition_holds_no_solution_text(course):
 
 
 def test_a_class_of_three_is_graded(course, tmp_path):
-    """solved: 6/6; untouched: 0/6, "not attempted" (the notebook ran to its end on the stand-ins);
-    deadlock: the ring all-gather scores 0 with the deadlock HINT, and no process is left."""
+    """solved: 6/6; untouched: 0/6, "not attempted" (the notebook ran to its end on the stand-ins, with
+    labutils.solutions unimportable, as in a student's environment); deadlock: the ring all-gather scores 0
+    with the deadlock HINT; a submission that kills its kernel: 0, "not graded", and the others unharmed.
+    No process is left."""
     before = {p.pid for p in procs.leftover_ranks()}
     released = nbformat.read(course / "student" / "notebooks" / "03_async_p2p.ipynb", 4)
     subs = course / "collected"
     for learner, answers in {"ada": {"ring_all_gather": RING_ALL_GATHER, "ring_all_reduce": RING_ALL_REDUCE},
                              "bob": {},
-                             "cyd": {"ring_all_gather": DEADLOCKING_RING}}.items():
+                             "cyd": {"ring_all_gather": DEADLOCKING_RING},
+                             "dee": {"ring_all_gather": "import os\nos._exit(1)  # kills the kernel\n"}}.items():
         nb = nbformat.from_dict(released)
         for gid, src in answers.items():
             _answer(nb, gid, src)
         (subs / learner).mkdir(parents=True)
         nbformat.write(nb, subs / learner / "03_async_p2p.ipynb")
+    (tmp_path / "sitecustomize.py").write_text(NO_SOLUTIONS)  # kernels and ranks as a student's would be
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     r = subprocess.run([sys.executable, "-m", "labutils", "classroom", "grade", str(subs), "--cell-timeout", "120",
-                        "--learner-timeout", "240"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        "--learner-timeout", "240"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(row["learner"], row["exercise"]): row for row in csv.DictReader(open(course / "gradebook.csv"))}
     points = {k: float(v["points"]) for k, v in rows.items()}
     assert points == {("ada", "check_ring_all_gather"): 3, ("ada", "check_ring_all_reduce"): 3,
                       ("bob", "check_ring_all_gather"): 0, ("bob", "check_ring_all_reduce"): 0,
-                      ("cyd", "check_ring_all_gather"): 0, ("cyd", "check_ring_all_reduce"): 0}, r.stdout
+                      ("cyd", "check_ring_all_gather"): 0, ("cyd", "check_ring_all_reduce"): 0,
+                      ("dee", "check_ring_all_gather"): 0, ("dee", "check_ring_all_reduce"): 0}, r.stdout
     assert rows["ada", "check_ring_all_gather"]["status"] == "passed"
     assert rows["bob", "check_ring_all_gather"]["status"] == "not attempted"
     assert "torch's dist.all_gather_into_tensor" in rows["bob", "check_ring_all_gather"]["reason"]
@@ -127,6 +149,8 @@ def test_a_class_of_three_is_graded(course, tmp_path):
     assert deadlock["status"] == "failed" and "did not finish within" in deadlock["reason"]
     assert "HINT: post each step's send and receive together" in deadlock["reason"]
     assert rows["cyd", "check_ring_all_reduce"]["status"] == "not attempted"
+    crashed = rows["dee", "check_ring_all_gather"]
+    assert crashed["status"] == "not graded" and "the kernel died" in crashed["reason"]
     table = (course / "gradebook.md").read_text()
     assert "6/6" in table and "0/6" in table and "not attempted" in table and "HINT" in table
     untouched = nbformat.read(course / "autograded" / "bob" / "lab03" / "03_async_p2p.ipynb", 4)
@@ -140,3 +164,9 @@ def test_grade_refuses_a_folder_that_is_no_course(tmp_path):
     r = subprocess.run([sys.executable, "-m", "labutils", "classroom", "grade", str(tmp_path / "subs")],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "is not a released course" in r.stderr and "HINT" in r.stderr
+
+
+def test_release_refuses_an_unknown_lab_and_writes_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "labutils", "classroom", "release", "42", str(tmp_path / "class")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no lab '42'" in r.stderr and not (tmp_path / "class").exists()

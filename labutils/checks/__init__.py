@@ -40,14 +40,15 @@ def not_attempted(value) -> bool:
     return value is None or value is Ellipsis
 
 
-def say_not_attempted(what: str, standin: str | None = None) -> None:
-    """Say plainly, on stderr, that ``what`` (the learner's function) still raises NotImplementedError
-    and, if given, which ``standin`` the rest of the notebook uses in its place.
+def say_not_attempted(what: str, standin: str | None = None, *,
+                      state: str = "still raises NotImplementedError") -> None:
+    """Say plainly, on stderr, that ``what`` (the learner's function) is in its ``state`` (a stub) and, if
+    given, which ``standin`` the rest of the notebook uses in its place.
 
     On stderr because a test cell that writes to stderr gets no points from nbgrader's autograder,
     while the notebook goes on: "not attempted" is neither a pass nor a crash.
     """
-    line = f"… not attempted: {what} still raises NotImplementedError, so nothing was checked (no points)."
+    line = f"… not attempted: {what} {state}, so nothing was checked (no points)."
     if standin:
         line += f" From here on the notebook uses {standin} in its place (it does not show the answer)."
     print(line + " Write yours and run this cell again.", file=sys.stderr, flush=True)

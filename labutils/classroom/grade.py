@@ -101,8 +101,21 @@ def autograde_one(course: Path, assignment: str, learner: str, cell_timeout: flo
         if status == "ok" and proc.returncode != 0:
             status = f"nbgrader exited with {proc.returncode}"
     _kill({p.pid for p in leftover_ranks()})
-    tail = log.read_text()[-2000:] if log.exists() else ""
+    tail = log.read_text()[-6000:] if log.exists() else ""
     return status, tail
+
+
+def why_not_graded(status: str, log: str) -> str:
+    """One sentence for a learner whose notebook nbgrader could not finish, from its status and log."""
+    if status.startswith("stopped after"):
+        return (f"grading was {status} (--learner-timeout): the submission hung outside the checkers' own "
+                "time limits; its processes were killed")
+    if "DeadKernelError" in log or "Kernel died" in log:
+        return "the kernel died while the notebook ran (the submission crashed it); its processes were killed"
+    if "CellTimeoutError" in log or "timed out" in log:
+        return "a cell ran longer than --cell-timeout and was interrupted"
+    errors = [ln.strip() for ln in log.splitlines() if "Error" in ln and "AutogradeApp" not in ln]
+    return f"nbgrader could not grade it ({status}): {errors[-1] if errors else 'see its log in autograded/'}"
 
 
 def _cell_outcome(cell) -> tuple[str, str]:
@@ -207,8 +220,7 @@ def grade(submissions: Path, course: Path, cell_timeout: float, learner_timeout:
             t0 = time.monotonic()
             status, tail = autograde_one(course, assignment, learner, cell_timeout, learner_timeout)
             print(f"graded {learner} {assignment}: {status} ({time.monotonic() - t0:.0f} s)", flush=True)
-            graded[(learner, assignment)] = (status, "" if status == "ok" else tail.strip().splitlines()[-1:][0]
-                                             if tail.strip() else "")
+            graded[(learner, assignment)] = (status, "" if status == "ok" else why_not_graded(status, tail))
     return collect(course, learners, graded)
 
 

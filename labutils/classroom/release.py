@@ -59,13 +59,21 @@ def _without_solution_regions(text: str) -> str:
     return re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "", text, flags=re.S)
 
 
+def _lesson_text(path: Path) -> str:
+    """A source's text as a reader sees it: a notebook source's cells (markdown without its ``# ``)."""
+    if path.parent.name == "src" and path.parent.parent.name == "notebooks":
+        import jupytext
+        return "\n".join(c.source for c in jupytext.read(path).cells)
+    return path.read_text()
+
+
 def solution_snippets(solutions_dir: Path = SOLUTIONS, taught: list[Path] | None = None) -> list[str]:
     """What would give an answer away: every two consecutive code lines of a reference solution's body
     (``labutils/solutions/*.py``; signatures and imports left out) that the course does not teach
     anyway -- lesson code in the notebook sources (outside their solution regions) and in ``labs/``."""
     if taught is None:
         taught = sorted((REPO / "notebooks" / "src").glob("*.py")) + sorted((PACKAGE / "labs").rglob("*.py"))
-    lesson = "\n".join(ln for p in taught for ln in _code_lines(_without_solution_regions(p.read_text())))
+    lesson = "\n".join(ln for p in taught for ln in _code_lines(_without_solution_regions(_lesson_text(p))))
     snippets = set()
     for path in sorted(solutions_dir.glob("lab*.py")):
         body = [ln for ln in _code_lines(path.read_text())
@@ -161,9 +169,14 @@ def release(labs: list[str], course: Path) -> list[Path]:
     Raises:
         ReleaseError: nbgrader failed, a lab has no test cell, or the student edition holds solution text.
     """
-    from ..commands.run_labs import find_labs, notebooks_dir
+    from ..commands.run_labs import UnknownLab, find_labs, notebooks_dir
     course = course.resolve()
-    paths = find_labs(notebooks_dir(), labs)
+    if course.exists() and not course.is_dir():
+        raise ReleaseError(f"{course} is a file. HINT: give a folder for the course (it is created if missing).")
+    try:
+        paths = find_labs(notebooks_dir(), labs)
+    except UnknownLab as exc:
+        raise ReleaseError(str(exc)) from None
     course.mkdir(parents=True, exist_ok=True)
     write_config(course)
     student = course / "student"
