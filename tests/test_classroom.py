@@ -114,7 +114,7 @@ def test_student_edition_holds_no_solution_text(course):
     assert "_step(chunks[(r - s) % n], chunks[(r - s - 1) % n], right, left, group)" not in text  # lab 03's answer
 
 
-def test_a_class_of_three_is_graded(course, tmp_path):
+def test_a_class_of_four_is_graded(course, tmp_path):
     """solved: 6/6; untouched: 0/6, "not attempted" (the notebook ran to its end on the stand-ins, with
     labutils.solutions unimportable, as in a student's environment); deadlock: the ring all-gather scores 0
     with the deadlock HINT; a submission that kills its kernel: 0, "not graded", and the others unharmed.
