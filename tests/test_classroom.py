@@ -1,13 +1,12 @@
 """classroom release -> a simulated class on lab 03 -> classroom grade.
 
 One learner solves both rings, one leaves the notebook untouched, one submits a ring all-gather that
-deadlocks, one a cell that kills its kernel. The gradebook must give each the right points and reasons; the student edition must carry no
+deadlocks, one a cell that kills its kernel, one calls the reference solution. The gradebook must give each the right points and reasons; the student edition must carry no
 solution text and run end to end untouched; nothing may be left running.
 """
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,20 +53,9 @@ DEADLOCKING_RING = '''def my_ring_all_gather(output, input):
         dist.recv(chunks[(rank - s - 1) % n], src=(rank - 1) % n)
         dist.send(chunks[(rank - s) % n], dst=(rank + 1) % n)
 '''
-
-
-NO_SOLUTIONS = '''"""As in a student's environment: the reference solutions cannot be imported."""
-import importlib.abc
-import sys
-
-
-class NoSolutions(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "labutils.solutions" or name.startswith("labutils.solutions."):
-            raise ModuleNotFoundError(f"No module named {name!r} (not in the student edition)")
-
-
-sys.meta_path.insert(0, NoSolutions())
+CALLS_THE_ANSWER = '''def my_ring_all_gather(output, input):
+    from labutils.solutions import lab03
+    lab03.ring_all_gather(output, input)
 '''
 
 
@@ -114,34 +102,34 @@ def test_student_edition_holds_no_solution_text(course):
     assert "_step(chunks[(r - s) % n], chunks[(r - s - 1) % n], right, left, group)" not in text  # lab 03's answer
 
 
-def test_a_class_of_four_is_graded(course, tmp_path):
+def test_a_class_is_graded(course, tmp_path):
     """solved: 6/6; untouched: 0/6, "not attempted" (the notebook ran to its end on the stand-ins, with
     labutils.solutions unimportable, as in a student's environment); deadlock: the ring all-gather scores 0
-    with the deadlock HINT; a submission that kills its kernel: 0, "not graded", and the others unharmed.
-    No process is left."""
+    with the deadlock HINT; a submission that kills its kernel: 0, "not graded", and the others unharmed; one
+    that calls the reference solution: 0 (grading runs without it). No process is left."""
     before = {p.pid for p in procs.leftover_ranks()}
     released = nbformat.read(course / "student" / "notebooks" / "03_async_p2p.ipynb", 4)
     subs = course / "collected"
     for learner, answers in {"ada": {"ring_all_gather": RING_ALL_GATHER, "ring_all_reduce": RING_ALL_REDUCE},
                              "bob": {},
                              "cyd": {"ring_all_gather": DEADLOCKING_RING},
-                             "dee": {"ring_all_gather": "import os\nos._exit(1)  # kills the kernel\n"}}.items():
+                             "dee": {"ring_all_gather": "import os\nos._exit(1)  # kills the kernel\n"},
+                             "eve": {"ring_all_gather": CALLS_THE_ANSWER}}.items():
         nb = nbformat.from_dict(released)
         for gid, src in answers.items():
             _answer(nb, gid, src)
         (subs / learner).mkdir(parents=True)
         nbformat.write(nb, subs / learner / "03_async_p2p.ipynb")
-    (tmp_path / "sitecustomize.py").write_text(NO_SOLUTIONS)  # kernels and ranks as a student's would be
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     r = subprocess.run([sys.executable, "-m", "labutils", "classroom", "grade", str(subs), "--cell-timeout", "120",
-                        "--learner-timeout", "240"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+                        "--learner-timeout", "240"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(row["learner"], row["exercise"]): row for row in csv.DictReader(open(course / "gradebook.csv"))}
     points = {k: float(v["points"]) for k, v in rows.items()}
     assert points == {("ada", "check_ring_all_gather"): 3, ("ada", "check_ring_all_reduce"): 3,
                       ("bob", "check_ring_all_gather"): 0, ("bob", "check_ring_all_reduce"): 0,
                       ("cyd", "check_ring_all_gather"): 0, ("cyd", "check_ring_all_reduce"): 0,
-                      ("dee", "check_ring_all_gather"): 0, ("dee", "check_ring_all_reduce"): 0}, r.stdout
+                      ("dee", "check_ring_all_gather"): 0, ("dee", "check_ring_all_reduce"): 0,
+                      ("eve", "check_ring_all_gather"): 0, ("eve", "check_ring_all_reduce"): 0}, r.stdout
     assert rows["ada", "check_ring_all_gather"]["status"] == "passed"
     assert rows["bob", "check_ring_all_gather"]["status"] == "not attempted"
     assert "torch's dist.all_gather_into_tensor" in rows["bob", "check_ring_all_gather"]["reason"]
@@ -149,6 +137,7 @@ def test_a_class_of_four_is_graded(course, tmp_path):
     assert deadlock["status"] == "failed" and "did not finish within" in deadlock["reason"]
     assert "HINT: post each step's send and receive together" in deadlock["reason"]
     assert rows["cyd", "check_ring_all_reduce"]["status"] == "not attempted"
+    assert "No module named 'labutils.solutions'" in rows["eve", "check_ring_all_gather"]["reason"]
     crashed = rows["dee", "check_ring_all_gather"]
     assert crashed["status"] == "not graded" and "the kernel died" in crashed["reason"]
     table = (course / "gradebook.md").read_text()

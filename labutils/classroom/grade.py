@@ -7,7 +7,8 @@
 Each learner is graded by nbgrader's ``autograde`` in a process of its own, with a time limit per cell
 (``--cell-timeout``) and per learner (``--learner-timeout``): a submission that hangs, crashes its kernel
 or leaves ranks behind costs that learner's points only; every process it started is killed before the
-next learner. nbgrader restores the locked test cells before running, so a learner cannot edit a check.
+next learner. nbgrader restores the locked test cells before running, so a learner cannot edit a check, and the
+submission runs without ``labutils.solutions`` (as in the student edition), so it cannot call the answers.
 The gradebook is ``gradebook.csv`` (one row per learner, lab and exercise: points, status, the reason) and
 ``gradebook.md`` (learner x exercise, then every failure with its HINT), printed at the end.
 """
@@ -26,6 +27,34 @@ import psutil
 
 from ..procs import leftover_ranks
 from .release import assignment_name
+
+
+# Put first on a graded kernel's (and its ranks') path: a submission cannot import the reference solutions
+# that the instructor's installation carries -- it runs as it would in the student's own environment.
+NO_SOLUTIONS = '''"""Written by python -m labutils classroom grade: labutils.solutions cannot be imported here."""
+import importlib.abc
+import sys
+
+
+class NoSolutions(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "labutils.solutions" or name.startswith("labutils.solutions."):
+            raise ModuleNotFoundError(f"No module named {name!r}: submissions are graded without the "
+                                      "reference solutions, as in the student edition")
+        return None
+
+
+sys.meta_path.insert(0, NoSolutions())
+'''
+
+
+def grading_env(course: Path) -> dict:
+    """The environment nbgrader, the kernels and the ranks of a graded submission run in."""
+    guard = course / ".grading"
+    guard.mkdir(exist_ok=True)
+    (guard / "sitecustomize.py").write_text(NO_SOLUTIONS)
+    path = [str(guard)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -78,7 +107,7 @@ def autograde_one(course: Path, assignment: str, learner: str, cell_timeout: flo
     cmd = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", learner, "--force",
            f"--CourseDirectory.root={course}", f"--Execute.timeout={int(cell_timeout)}",
            "--Execute.interrupt_on_timeout=True", "--Execute.startup_timeout=120"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = grading_env(course)
     log = course / "autograded" / f".{learner}-{assignment}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     seen: set[int] = set()
