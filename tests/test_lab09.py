@@ -193,13 +193,16 @@ def _stub(*args):
     raise NotImplementedError
 
 
-def test_untouched_stubs_are_not_attempted_and_the_reference_is_used(gloo3, capsys):
+def test_untouched_stubs_are_not_attempted_and_stand_ins_are_used(gloo3, capsys):
     check.all_to_all_p2p(_stub, pool=gloo3)
     check.dispatch_with_capacity(_stub, pool=gloo3)
-    assert check.sync_sp_grads(_stub, nb.Block, nb.ParallelBlock, pool=gloo3) is solution.sync_sp_grads
-    assert check.sp_plan(_stub, nb.Block, nb.ParallelBlock, pool=gloo3) is solution.sp_plan
-    out = capsys.readouterr().out
-    assert out.count("… not attempted") == 4 and out.count("✓") == 4
+    assert check.sync_sp_grads(_stub, nb.Block, nb.ParallelBlock, pool=gloo3) is check.replicated_grads_summed
+    assert check.sp_plan(_stub, nb.Block, nb.ParallelBlock, pool=gloo3) is check.torch_styles_sp_plan
+    out, err = capsys.readouterr()
+    assert err.count("… not attempted") == 4 and "✓" not in out and "solutions" not in err
+    check.sync_sp_grads(lambda b, g: check.replicated_grads_summed(b, g), nb.Block, nb.ParallelBlock, pool=gloo3)
+    check.sp_plan(lambda: check.torch_styles_sp_plan(), nb.Block, nb.ParallelBlock, pool=gloo3)
+    assert capsys.readouterr().out.count("✓") == 2  # the stand-ins are right
 
 
 def _collective(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
@@ -330,7 +333,7 @@ def test_warm_up_imports_what_torch_loads_on_first_use():
 
 def test_checkers_refuse_a_pool_that_is_not_gloo():
     class NcclPool:
-        backend = "nccl"
+        backend, world_size = "nccl", 3
     with pytest.raises(ValueError, match="backend='gloo'"):
         check.all_to_all_p2p(solution.all_to_all_single_p2p, pool=NcclPool())
     with pytest.raises(ValueError, match="backend='gloo'"):

@@ -116,3 +116,30 @@ def test_check_flags_cells_out_of_sync_and_a_missing_kernelspec(tree, capsys):
 def test_committed_notebooks_name_the_course_kernel():
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         assert nbsync.kernelspec_ok(nbformat.read(path, 4)), path.name
+
+
+NBGRADER_SOURCE = '''# %% nbgrader={"grade": false, "grade_id": "answer", "locked": false, "schema_version": 3, "solution": true}
+def my_answer():
+    ### BEGIN SOLUTION
+    return 42
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_answer", "locked": true, "points": {points}, "schema_version": 3, "solution": false}
+assert my_answer() == 42
+'''
+
+
+def test_nbgrader_cell_metadata_is_carried_into_the_notebook_and_checked(tree, capsys):
+    (tree / "src" / "99_test.py").write_text(NBGRADER_SOURCE.replace("{points}", "2"))
+    assert nbsync.build(tree / "src" / "99_test.py")
+    solution, test = nbformat.read(tree / "99_test.ipynb", 4).cells
+    assert solution.metadata["nbgrader"] == {"grade": False, "grade_id": "answer", "locked": False,
+                                             "schema_version": 3, "solution": True}
+    assert "### BEGIN SOLUTION" in solution.source
+    assert test.metadata["nbgrader"]["points"] == 2 and test.metadata["nbgrader"]["grade"] is True
+    assert nbsync.main(["--check"]) == 0
+    (tree / "src" / "99_test.py").write_text(NBGRADER_SOURCE.replace("{points}", "3"))  # only the points change
+    assert nbsync.main(["--check"]) == 1 and "out of sync" in capsys.readouterr().out
+    assert nbsync.build(tree / "src" / "99_test.py")
+    assert nbformat.read(tree / "99_test.ipynb", 4).cells[1].metadata["nbgrader"]["points"] == 3

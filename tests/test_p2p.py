@@ -27,6 +27,7 @@ from labutils.checks import lab03 as check
 from labutils.config import rank_device
 from labutils.labs.lab03_async_p2p import claims as lab_claims
 from labutils.labs.lab03_async_p2p import exchange, measure, overlap, repro, wait
+from labutils import checks
 from labutils.solutions import lab03 as solution
 
 from notebook_defs import ROOT, cell_magic_body, load_definitions
@@ -403,12 +404,15 @@ def _stub(*args):
     raise NotImplementedError
 
 
-def test_checker_stub_checks_the_reference(capsys, gloo3):
+def test_checker_stub_is_not_attempted_and_gets_torchs_collective_as_stand_in(capsys, gloo3):
     fn = check.ring_all_gather(_stub, pool=gloo3)
-    assert fn is solution.ring_all_gather
-    out = capsys.readouterr().out
-    assert "not attempted" in out and "labutils.solutions.lab03.ring_all_gather" in out
-    assert "✓ ring all-gather (reference solution) matches all_gather_into_tensor on every rank" in out
+    assert fn is check.torch_all_gather and checks.is_standin(fn)
+    out, err = capsys.readouterr()
+    assert out == "" and "not attempted" in err and "torch's dist.all_gather_into_tensor" in err
+    assert "solutions" not in err
+    assert check.ring_all_reduce(_stub, pool=gloo3) is check.torch_all_reduce
+    d = gloo3.run(measure.ring_vs_collective, fn, [1 << 10], 1, 2, 2)[0]  # the stand-in does the job
+    assert d["ring_correct"]
 
 
 def _my_ring_all_reduce(tensor):  # a learner's correct answer: reduce-scatter + all-gather

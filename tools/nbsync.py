@@ -1,7 +1,8 @@
 """Build the lab notebooks from their percent-format sources, keeping outputs of unchanged cells.
 
 Sources live in ``notebooks/src/NN_topic.py`` (jupytext "percent" format: ``# %%`` code cells,
-``# %% [markdown]`` text cells, tags as ``# %% tags=["nbval-ignore-output"]``); the executed
+``# %% [markdown]`` text cells, tags as ``# %% tags=["nbval-ignore-output"]``, an exercise's nbgrader
+cell metadata as ``# %% nbgrader={"solution": true, ...}``, carried into the notebook); the executed
 notebooks ``notebooks/NN_topic.ipynb`` are what learners open and what nbval checks.
 
     python tools/nbsync.py              # rebuild every notebook whose source changed
@@ -40,8 +41,17 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def _cells(nb) -> list[tuple[str, str, tuple]]:
-    return [(c.cell_type, c.source.strip(), tuple(c.get("metadata", {}).get("tags", []))) for c in nb.cells]
+def _key(cell) -> tuple:
+    """What makes a cell the same cell: its type, source, tags and nbgrader metadata (an exercise's
+    solution or autograded test cell: ``# %% nbgrader={"grade": true, "grade_id": ..., "points": 2, ...}``
+    in the source), so a changed nbgrader cell is rebuilt and ``--check`` sees it."""
+    meta = cell.get("metadata", {})
+    return (cell.cell_type, cell.source.strip(), tuple(meta.get("tags", [])),
+            json.dumps(meta.get("nbgrader", {}), sort_keys=True))
+
+
+def _cells(nb) -> list[tuple]:
+    return [_key(c) for c in nb.cells]
 
 
 def kernelspec_ok(nb) -> bool:
@@ -102,9 +112,8 @@ def _keep_outputs(new, old) -> None:
     for cell in new.cells:
         if cell.cell_type != "code":
             continue
-        key = (cell.source.strip(), tuple(cell.metadata.get("tags", [])))
         for k, prev in enumerate(pool):
-            if (prev.source.strip(), tuple(prev.metadata.get("tags", []))) == key:
+            if _key(prev) == _key(cell):
                 cell.outputs, cell.execution_count = prev.outputs, prev.execution_count
                 del pool[: k + 1]
                 break

@@ -2,18 +2,23 @@
 
 The notebook pattern (so that it still runs end to end unattended)::
 
-    def my_all_reduce(tensors):        # exercise stub
+    def my_all_reduce(tensors):        # exercise stub (the student edition's answer cell)
         raise NotImplementedError       # <- your code here
 
     checks.lab01.all_reduce(my_all_reduce)   # ✓ ..., or ExerciseError with a HINT
 
 A stub that raises ``NotImplementedError`` (or a prediction left as ``None``) counts as "not
-attempted": the checker says so and checks the reference solution from ``labutils.solutions``
-instead, so the notebook keeps going; a wrong attempt raises.
+attempted": the checker says so on stderr -- which is also how nbgrader's autograder gives such a test
+cell no points without stopping the notebook -- and, where a later cell needs the exercise's result,
+returns a *stand-in* that does not show the answer (torch's own collective for a hand-written one, the
+library's model for a formula) and names it. Checkers judge against torch's collectives, invariants and
+recorded references; they never import the reference solutions (``labutils.solutions``, which the
+student edition does not ship).
 """
 from __future__ import annotations
 
 import math
+import sys
 
 
 class ExerciseError(AssertionError):
@@ -27,7 +32,7 @@ def passed(what: str) -> None:
 
 def fail(what: str, hint: str) -> None:
     """Raise ``ExerciseError('✗ what. HINT: hint')``."""
-    raise ExerciseError(f"✗ {what}. HINT: {hint}")
+    raise ExerciseError(f"✗ {what}. HINT: {hint}") from None
 
 
 def not_attempted(value) -> bool:
@@ -35,75 +40,86 @@ def not_attempted(value) -> bool:
     return value is None or value is Ellipsis
 
 
-def say_not_attempted(reference: str) -> None:
-    """Say plainly that the learner's stub was not filled in and that ``reference`` (a dotted name, or the
-    function itself) is what gets checked and used from here on."""
-    if callable(reference):
-        reference = f"{reference.__module__}.{reference.__qualname__}"
-    print(f"… not attempted: your function still raises NotImplementedError, so the reference solution "
-          f"{reference} is checked and used instead. Write yours and run this cell again.")
+def say_not_attempted(what: str, standin: str | None = None, *,
+                      state: str = "still raises NotImplementedError") -> None:
+    """Say plainly, on stderr, that ``what`` (the learner's function) is in its ``state`` (a stub) and, if
+    given, which ``standin`` the rest of the notebook uses in its place.
 
-
-def run_or_reference(fn, reference, *args, **kwargs):
-    """Call ``fn(*args, **kwargs)``; if it raises NotImplementedError, say so and use ``reference``.
-
-    Returns:
-        (result, used_reference: bool)
+    On stderr because a test cell that writes to stderr gets no points from nbgrader's autograder,
+    while the notebook goes on: "not attempted" is neither a pass nor a crash.
     """
-    try:
-        return fn(*args, **kwargs), False
-    except NotImplementedError:
-        say_not_attempted(reference)
-        return reference(*args, **kwargs), True
+    line = f"… not attempted: {what} {state}, so nothing was checked (no points)."
+    if standin:
+        line += f" From here on the notebook uses {standin} in its place (it does not show the answer)."
+    print(line + " Write yours and run this cell again.", file=sys.stderr, flush=True)
 
 
-def implemented_or_reference(fn, reference, probe):
-    """The function the rest of a notebook should use: ``fn`` once the learner has written it, else
-    ``reference`` -- the "stub not attempted, so use the reference" step every checker needs.
-
-    ``probe(fn)`` calls the function the way the check will (e.g. ``lambda f: f(2, 8)``). If the stub
-    still raises NotImplementedError, ``say_not_attempted(reference)`` says so plainly and ``reference``
-    is returned. Any other exception (a wrong attempt, or a probe that cannot run outside the check's
-    ranks) returns ``fn``: the check that follows reports what is wrong with it.
-    """
-    try:
-        probe(fn)
-    except NotImplementedError:
-        say_not_attempted(reference)
-        return reference
-    except Exception:  # noqa: BLE001 - the learner's code may raise anything; the check judges it
-        return fn
+def standin(fn, description: str):
+    """Mark ``fn`` as the stand-in for an unattempted exercise (``is_standin``); returns ``fn``."""
+    fn.labutils_standin = description
     return fn
 
 
-def run_ranks(rank_fn, *args, pool=None, world_size: int, timeout_s: float = 90.0,
+def is_standin(fn) -> bool:
+    """True if ``fn`` is a checker's stand-in, not the learner's function."""
+    return bool(getattr(fn, "labutils_standin", None))
+
+
+def attempted(fn, probe) -> bool:
+    """False if ``probe(fn)`` (a call the way the check makes it) raises NotImplementedError. Any other
+    exception counts as attempted: the check that follows reports what is wrong."""
+    try:
+        probe(fn)
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 - the learner's code may raise anything; the check judges it
+        return True
+    return True
+
+
+def implemented_or_standin(fn, stand_in, probe, what: str):
+    """The function the rest of a notebook should use: ``fn`` once the learner has written it, else
+    ``stand_in`` (marked with ``standin``), after saying so."""
+    if attempted(fn, probe):
+        return fn
+    say_not_attempted(what, getattr(stand_in, "labutils_standin", None))
+    return stand_in
+
+
+DEADLOCK_HINT = "every rank must call the same collectives, in the same order, with matching sizes"
+
+
+def run_ranks(rank_fn, *args, world_size: int | None, backend: str | None = "gloo", pool=None, timeout_s: float = 90.0,
               hint: str = "run it by hand in a rank function (pool.run) and print the shapes",
-              hints: dict | None = None) -> list:
-    """``rank_fn(rank, world_size, *args)`` on ``world_size`` gloo ranks for a checker: those of ``pool`` (a gloo
-    ``RankPool`` of that size) or a fresh launch. The learner's code runs in it, so a hang or a rank's exception
-    becomes ``ExerciseError``; its HINT is ``hints[text]`` for the first ``text`` found in the rank's error,
-    else ``hint``.
+              hints: dict | None = None, hang_hint: str = DEADLOCK_HINT, kwargs: dict | None = None) -> list:
+    """``rank_fn(rank, world_size, *args)`` on ``world_size`` ranks of ``backend`` for a checker: those of
+    ``pool`` (a ``RankPool`` of that backend and size) or a fresh launch. The learner's code runs in it,
+    so a hang becomes ``ExerciseError`` with ``hang_hint``, and a rank's exception one whose HINT is
+    ``hints[text]`` for the first ``text`` found in the rank's error, else ``hint``.
+
+    ``backend=None`` / ``world_size=None`` take launch's defaults (NCCL with enough GPUs, else gloo) and
+    accept any pool's.
 
     Raises:
-        ValueError: ``pool`` is not a gloo pool of ``world_size`` ranks.
+        ValueError: ``pool`` is not a pool of ``world_size`` ranks of ``backend``.
     """
     import labutils
-    if pool is not None and (pool.backend != "gloo" or pool.world_size != world_size):
-        raise ValueError(f"the checkers run on {world_size} gloo ranks, but this pool has {pool.world_size} "
-                         f"{pool.backend!r} ranks. HINT: pass labutils.RankPool(world_size={world_size}, "
-                         "backend='gloo'), or leave pool out.")
+    if pool is not None and (world_size not in (None, pool.world_size) or backend not in (None, pool.backend)):
+        raise ValueError(f"this checker runs on {world_size} {backend or 'any-backend'} ranks, but the pool "
+                         f"has {pool.world_size} {pool.backend!r} ranks. HINT: pass labutils.RankPool("
+                         f"world_size={world_size}, backend={backend!r}), or leave pool out.")
     try:
         if pool is not None:
-            return pool.run(rank_fn, *args, timeout=timeout_s, output="quiet")
-        return labutils.launch(rank_fn, *args, world_size=world_size, backend="gloo", timeout=timeout_s,
-                               output="quiet")
-    except labutils.RankTimeout:
-        fail(f"your code did not return on {world_size} ranks within {timeout_s:g} s",
-             "every rank must call the same collectives, in the same order, with matching sizes")
+            return pool.run(rank_fn, *args, timeout=timeout_s, output="quiet", kwargs=kwargs)
+        return labutils.launch(rank_fn, *args, world_size=world_size, backend=backend, timeout=timeout_s,
+                               output="quiet", kwargs=kwargs)
+    except labutils.RankTimeout as exc:
+        fail(f"your code did not finish within {timeout_s:g} s (ranks {exc.ranks} were still waiting)",
+             hang_hint)
     except labutils.RankError as exc:
         what = (f"your code raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
                 if exc.exc_type else f"{str(exc).split('. HINT')[0]} inside your code")
-        fail(what, next((h for text, h in (hints or {}).items() if text in exc.remote_message), hint))
+        fail(what, next((h for text, h in (hints or {}).items() if text in (exc.remote_message or "")), hint))
 
 
 def check_close(got: float, expected: float, *, rel_tol: float, what: str, hint: str) -> None:

@@ -7,23 +7,21 @@ Each checker runs on a ``labutils.RankPool``'s ranks (``pool=``) or launches ran
 collective it imitates, and compares them chunk by chunk on every rank. While your function runs,
 the collectives (``dist.all_gather_into_tensor``, ``dist.all_reduce``, ...) are switched off: the
 exercise is to build them from ``isend``/``irecv``. A stub that raises ``NotImplementedError``
-counts as "not attempted" and the reference solution is checked instead, so the notebook goes on.
-Each checker returns the function it verified (yours, or the reference).
+counts as "not attempted": nothing is checked, and the checker returns torch's own collective as the
+stand-in the rest of the notebook uses (``torch_all_gather``, ``torch_all_reduce``), so the notebook goes
+on. Each checker returns the function to use from here on: yours once it passes, else the stand-in.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 
-from ..errors import RankError, RankTimeout
-from . import ExerciseError, fail, passed, say_not_attempted
-
-REFERENCE = "labutils.solutions.lab03"
+from . import fail, passed, run_ranks, say_not_attempted, standin
 _FORBIDDEN = ("all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce",
               "reduce_scatter_tensor", "reduce_scatter", "broadcast", "all_to_all_single")
 _AG_CASES = (((4,), "float32"), ((3, 5), "int64"), ((250, 8), "float32"))
 _AR_CASES = (((7,), "float32"), ((4, 6), "int64"), ((1 << 16,), "float32"))
-_DEADLOCK_HINT = ("post each step's send and receive together: dist.batch_isend_irecv([dist.P2POp("
+DEADLOCK_HINT = ("post each step's send and receive together: dist.batch_isend_irecv([dist.P2POp("
                   "dist.isend, send_chunk, right), dist.P2POp(dist.irecv, recv_chunk, left)]). An "
                   "isend followed by an irecv on every rank deadlocks under NCCL (section 1), and a "
                   "blocking dist.send on every rank deadlocks under gloo too")
@@ -59,19 +57,33 @@ def _input(shape, dtype: str, rank: int, device):
     return t.reshape(shape).to(getattr(torch, dtype)).to(device)
 
 
-def _call(fn, reference, used_reference: bool, first: bool, *args) -> bool:
-    """Run ``fn(*args)`` with collectives off; a NotImplementedError on the first case switches to
-    the reference. Returns whether the reference was used."""
-    if not used_reference:
-        try:
-            with _collectives_forbidden():
-                fn(*args)
-            return False
-        except NotImplementedError:
-            if not first:
-                raise
-    reference(*args)
+def _call(fn, first: bool, *args) -> bool:
+    """Run ``fn(*args)`` with collectives off. Returns False if the stub still raises
+    NotImplementedError on the first case (not attempted)."""
+    try:
+        with _collectives_forbidden():
+            fn(*args)
+    except NotImplementedError:
+        if not first:
+            raise
+        return False
     return True
+
+
+def torch_all_gather(output, input, group=None) -> None:
+    """The stand-in for an unwritten ring all-gather: torch's own collective."""
+    from ..compat import all_gather_into_tensor
+    all_gather_into_tensor(output, input, group=group)
+
+
+def torch_all_reduce(tensor, group=None) -> None:
+    """The stand-in for an unwritten ring all-reduce: torch's own collective (sum, in place)."""
+    import torch.distributed as dist
+    dist.all_reduce(tensor, group=group)
+
+
+standin(torch_all_gather, "torch's dist.all_gather_into_tensor")
+standin(torch_all_reduce, "torch's dist.all_reduce")
 
 
 def _chunks_differ(got, expected, n: int) -> list[int]:
@@ -80,67 +92,52 @@ def _chunks_differ(got, expected, n: int) -> list[int]:
     return [k for k, (a, b) in enumerate(pairs) if not torch.equal(a, b)]
 
 
-def _all_gather_rank(rank: int, world_size: int, fn, reference) -> dict:
+def _all_gather_rank(rank: int, world_size: int, fn) -> dict:
     import torch
     from ..compat import all_gather_into_tensor
     from ..config import rank_device
-    dev, used, cases = rank_device(), False, []
+    dev, cases = rank_device(), []
     for i, (shape, dtype) in enumerate(_AG_CASES):
         inp = _input(shape, dtype, rank, dev)
         expected = inp.new_empty((world_size * shape[0], *shape[1:]))
         all_gather_into_tensor(expected, inp)
         got = torch.full_like(expected, -7)
-        used = _call(fn, reference, used, i == 0, got, inp.clone())
+        if not _call(fn, i == 0, got, inp.clone()):
+            return {"attempted": False, "cases": []}
         got, expected = got.cpu(), expected.cpu()
         cases.append({"case": f"{tuple(shape)} {dtype}", "untouched": bool((got == -7).all()),
                       "bad": _chunks_differ(got, expected, world_size)})
-    return {"used_reference": used, "cases": cases}
+    return {"attempted": True, "cases": cases}
 
 
-def _all_reduce_rank(rank: int, world_size: int, fn, reference) -> dict:
+def _all_reduce_rank(rank: int, world_size: int, fn) -> dict:
     import torch.distributed as dist
     from ..config import rank_device
-    dev, used, cases = rank_device(), False, []
+    dev, cases = rank_device(), []
     for i, (shape, dtype) in enumerate(_AR_CASES):
         start = _input(shape, dtype, rank, dev)
         expected = start.clone()
         dist.all_reduce(expected)
         got = start.clone()
-        used = _call(fn, reference, used, i == 0, got)
+        if not _call(fn, i == 0, got):
+            return {"attempted": False, "cases": []}
         cases.append({"case": f"{tuple(shape)} {dtype}", "untouched": bool((got == start).all()),
                       "bad": _chunks_differ(got.cpu(), expected.cpu(), world_size)})
-    return {"used_reference": used, "cases": cases}
+    return {"attempted": True, "cases": cases}
 
 
-def _raise(what: str, hint: str):
-    raise ExerciseError(f"✗ {what}. HINT: {hint}") from None
-
-
-def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, backend, world_size,
+def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, stand_in, backend, world_size,
            timeout: float, pool):
-    from ..launch import launch
-    from ..solutions import lab03 as reference_module
-    reference = getattr(reference_module, name)
     if not callable(fn):
         fail(f"{what}: expected a function, got {fn!r}", f"pass the function itself: check.{name}(my_fn)")
     if pool is not None and (backend is not None or world_size is not None):
         raise ValueError(f"check.{name}: pass either pool= or backend=/world_size=, not both. HINT: the "
                          "pool's ranks already have a backend and a world size.")
-    try:
-        if pool is not None:
-            per_rank = pool.run(rank_fn, fn, reference, timeout=timeout, output="quiet")
-        else:
-            per_rank = launch(rank_fn, fn, reference, backend=backend, world_size=world_size,
-                              timeout=timeout, output="quiet")
-    except RankTimeout as exc:
-        _raise(f"your {what} did not finish within {timeout:g} s (RankTimeout: ranks {exc.ranks} "
-               "were still waiting)", _DEADLOCK_HINT)
-    except RankError as exc:
-        _raise(f"your {what} raised {exc.exc_type or 'a fatal error'} on rank {exc.rank}: "
-               f"{exc.remote_message or exc}", hints["error"])
-    used = per_rank[0]["used_reference"]
-    if used:
-        say_not_attempted(f"{REFERENCE}.{name}")
+    per_rank = run_ranks(rank_fn, fn, world_size=world_size, backend=backend,
+                         pool=pool, timeout_s=timeout, hint=hints["error"], hang_hint=DEADLOCK_HINT)
+    if not per_rank[0]["attempted"]:
+        say_not_attempted(f"your {what} (my_{name})", stand_in.labutils_standin)
+        return stand_in
     for r, res in enumerate(per_rank):
         for case in res["cases"]:
             if case["untouched"]:
@@ -149,9 +146,8 @@ def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, back
                 fail(f"{what}, case {case['case']}: on rank {r}, chunk(s) {case['bad']} differ from "
                      f"{collective}", hints["order"])
     cases = ", ".join(c["case"] for c in per_rank[0]["cases"])
-    passed(f"{what}{' (reference solution)' if used else ''} matches {collective} on every rank "
-           f"({cases})")
-    return reference if used else fn
+    passed(f"{what} matches {collective} on every rank ({cases})")
+    return fn
 
 
 def ring_all_gather(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
@@ -163,7 +159,7 @@ def ring_all_gather(fn, *, pool=None, backend: str | None = None, world_size: in
             with ``backend`` and ``world_size`` (``labutils.launch``'s defaults).
 
     Returns:
-        The function that passed: ``fn``, or the reference if ``fn`` is a stub.
+        The function that passed: ``fn``, or torch's collective (the stand-in) if ``fn`` is a stub.
 
     Raises:
         ExerciseError: wrong chunks, output never written, an error or a deadlock in ``fn``.
@@ -176,7 +172,7 @@ def ring_all_gather(fn, *, pool=None, backend: str | None = None, world_size: in
              "order": "chunk k must hold rank k's input. In step s = 0 .. n-2 rank r sends chunk "
                       "(r - s) mod n to rank r + 1 and receives chunk (r - s - 1) mod n from rank r - 1"}
     return _check(_all_gather_rank, fn, "ring_all_gather", "ring all-gather",
-                  "all_gather_into_tensor", hints, backend, world_size, timeout, pool)
+                  "all_gather_into_tensor", hints, torch_all_gather, backend, world_size, timeout, pool)
 
 
 def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
@@ -187,7 +183,7 @@ def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: in
         pool: as in ``ring_all_gather``.
 
     Returns:
-        The function that passed: ``fn``, or the reference if ``fn`` is a stub.
+        The function that passed: ``fn``, or torch's collective (the stand-in) if ``fn`` is a stub.
 
     Raises:
         ExerciseError: wrong chunks, tensor unchanged, an error or a deadlock in ``fn``.
@@ -202,4 +198,4 @@ def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: in
                       "All-gather next: send chunk (r + 1 - s) mod n, receive chunk (r - s) mod n. "
                       "Split with tensor.view(-1).tensor_split(n) so every rank agrees on sizes"}
     return _check(_all_reduce_rank, fn, "ring_all_reduce", "ring all-reduce", "all_reduce", hints,
-                  backend, world_size, timeout, pool)
+                  torch_all_reduce, backend, world_size, timeout, pool)

@@ -2,9 +2,10 @@
 and the 1F1B loop (on gloo ranks against the one-device model)."""
 from __future__ import annotations
 
-from ..errors import RankTimeout
-from ..solutions import lab04 as solution
-from . import check_close, fail, not_attempted, passed, say_not_attempted
+from ..labs.lab04_pipeline.schedule import bubble_fraction as model_bubble_fraction
+from . import attempted, check_close, fail, not_attempted, passed, run_ranks, say_not_attempted, standin
+
+standin(model_bubble_fraction, "the lab's schedule model (labutils.labs.lab04_pipeline.schedule.bubble_fraction)")
 
 _GRID = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 4, 8, 16, 32)]
 
@@ -23,21 +24,18 @@ def _bubble_hint(p, m, got) -> str:
 
 
 def usable_bubble(fn):
-    """``fn`` if the learner implemented it, else the reference solution."""
-    try:
-        fn(2, 8)
+    """``fn`` if the learner implemented it, else the schedule model's formula (the stand-in), saying so."""
+    if attempted(fn, lambda f: f(2, 8)):
         return fn
-    except NotImplementedError:
-        return solution.bubble_fraction
+    say_not_attempted("my_bubble_fraction", model_bubble_fraction.labutils_standin)
+    return model_bubble_fraction
 
 
 def bubble_fraction(fn) -> None:
     """Compare ``fn(p, m)`` with (p - 1) / (m + p - 1) on a grid of p and m."""
-    try:
-        fn(2, 8)
-    except NotImplementedError:
-        say_not_attempted(solution.bubble_fraction)
-        fn = solution.bubble_fraction
+    if not attempted(fn, lambda f: f(2, 8)):
+        say_not_attempted("my_bubble_fraction")
+        return
     for p, m in _GRID:
         want = (p - 1) / (m + p - 1)
         got = fn(p, m)
@@ -82,6 +80,15 @@ def _order_problem(order, rank: int, p: int, m: int) -> str | None:
     return None
 
 
+def _one_f_one_b_rank(rank: int, world_size: int, fn, ms) -> dict:
+    """``against_one_device`` on this rank, or ``{"not_attempted": True}`` when ``fn`` is still a stub."""
+    from ..labs.lab04_pipeline.verify import against_one_device
+    try:
+        return against_one_device(rank, world_size, fn, ms, record_order=True)
+    except NotImplementedError:
+        return {"not_attempted": True}
+
+
 def one_f_one_b(fn, world_size: int = 3, ms=(2, 6), timeout: float = 120.0, pool=None) -> None:
     """Run ``fn`` (the contract of the notebook's ``gpipe_step``) on ``world_size`` gloo ranks (CPU
     tensors, whatever the machine, so the check reads the same everywhere; or on ``pool``'s ranks):
@@ -89,23 +96,15 @@ def one_f_one_b(fn, world_size: int = 3, ms=(2, 6), timeout: float = 120.0, pool
     (``torch.testing.assert_close``, float64), and stage s may hold at most min(m, p - s)
     micro-batches at once (the order of its forwards and backwards is recorded with hooks on the
     stage)."""
-    from ..launch import launch
-    from ..labs.lab04_pipeline.verify import against_one_device
-    kwargs = {"fallback": solution.one_f_one_b_step, "record_order": True}
     world_size = pool.world_size if pool is not None else world_size
-    try:
-        if pool is not None:
-            results = pool.run(against_one_device, fn, tuple(ms), timeout=timeout, kwargs=kwargs)
-        else:
-            results = launch(against_one_device, fn, tuple(ms), world_size=world_size, backend="gloo",
-                             timeout=timeout, output="quiet", kwargs=kwargs)
-    except RankTimeout:
-        fail(f"your step did not finish within {timeout:g} s on {world_size} ranks",
-             "send with dist.isend (keep the tensor and the work, wait at the end): a blocking send waits "
-             "for its receiver, and in 1F1B the receiver may be waiting for you; every recv needs the "
-             "neighbour's matching send in the same order")
+    results = run_ranks(_one_f_one_b_rank, fn, tuple(ms), pool=pool, world_size=world_size,
+                        backend=None if pool is not None else "gloo", timeout_s=timeout,
+                        hang_hint="send with dist.isend (keep the tensor and the work, wait at the end): a "
+                                  "blocking send waits for its receiver, and in 1F1B the receiver may be waiting "
+                                  "for you; every recv needs the neighbour's matching send in the same order")
     if any(r["not_attempted"] for r in results):
-        say_not_attempted(solution.one_f_one_b_step)
+        say_not_attempted("my_1f1b_step")
+        return
     for m in ms:
         for rank, res in enumerate(results):
             if res[m]["output"] not in ("ok", None):

@@ -1,23 +1,20 @@
 """Checkers for lab 07's exercises, which are ``%%ranks`` cells: each fetches the learner's variable
 from every rank of the notebook's pool and prints ``✓ ...`` or raises ``ExerciseError`` with a HINT.
 
-A variable still ``None`` on every rank is "not attempted": the checker says so, runs the reference
-solution (``labutils.solutions.lab07``) on the ranks instead and checks that, so the notebook keeps going.
+A variable still ``None`` on every rank is "not attempted": the checker says so (no points) and the
+notebook keeps going; nothing later needs the variables.
 """
 from __future__ import annotations
 
-from ..solutions import lab07 as solution
-from . import fail, not_attempted, passed
+from . import fail, not_attempted, passed, say_not_attempted
 
 
-def _fetch_or_reference(pool, name: str, reference: str) -> list:
+def _fetch(pool, name: str) -> list | None:
+    """``name`` from every rank, or None (saying so) while it is still None on every rank."""
     values = pool.fetch(name)
     if all(not_attempted(v) for v in values):
-        print(f"… not attempted: {name} is still None on the ranks, so the reference solution "
-              f"labutils.solutions.lab07.{name.upper()} runs on them instead. Write yours in the cell "
-              "above and run both cells again.")
-        pool.exec(reference, output="quiet")
-        values = pool.fetch(name)
+        say_not_attempted(name, state="is still None on every rank (the %%ranks cell above)")
+        return None
     return values
 
 
@@ -36,7 +33,9 @@ SQUARES_HINT = ("dist.all_gather(list_of_world_size_tensors, mine) fills the lis
 
 def mean_rank(pool) -> None:
     """Exercise 1: ``mean_rank`` is (world_size - 1) / 2 on every rank."""
-    values = _fetch_or_reference(pool, "mean_rank", solution.MEAN_RANK)
+    values = _fetch(pool, "mean_rank")
+    if values is None:
+        return
     want = (pool.world_size - 1) / 2
     got = _as(lambda v: round(float(v), 6), values, "mean_rank", MEAN_HINT)
     if got != [want] * len(got):
@@ -51,7 +50,9 @@ def mean_rank(pool) -> None:
 
 def squares(pool) -> None:
     """Exercise 2: ``squares`` is ``[0, 1, 4, ...]`` (every rank's rank ** 2) on every rank."""
-    values = _fetch_or_reference(pool, "squares", solution.SQUARES)
+    values = _fetch(pool, "squares")
+    if values is None:
+        return
     want = [r * r for r in range(pool.world_size)]
 
     def to_ints(v):

@@ -3,25 +3,60 @@
 gloo ranks -- and print a tick or raise ``ExerciseError`` with a HINT."""
 from __future__ import annotations
 
-from ..errors import RankError, RankTimeout
 from ..labs.lab08_data_parallel import exercises
 from ..labs.lab08_data_parallel.memory import bytes_per_param, formula
-from ..solutions import lab08 as solution
-from . import check_close, fail, not_attempted, passed, say_not_attempted
+from . import check_close, fail, not_attempted, passed, run_ranks, say_not_attempted, standin
+
+
+def torch_average_gradients(model) -> None:
+    """The stand-in for an unwritten ``my_average_gradients``: torch's own
+    ``torch.distributed.algorithms.model_averaging.utils.average_parameters`` applied to the gradients."""
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+    import torch.distributed as dist
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    average_parameters(iter(grads), dist.group.WORLD)
+
+
+def _rank_slice(t, world_size: int, rank: int):
+    """This rank's piece of ``t`` flattened and zero-padded to a multiple of ``world_size`` (a copy)."""
+    import torch
+    flat = t.detach().reshape(-1)
+    per = -(-flat.numel() // world_size)
+    return torch.nn.functional.pad(flat, (0, per * world_size - flat.numel()))[rank * per:(rank + 1) * per]
+
+
+def averaged_then_sharded_step(params, shards, optimizer) -> None:
+    """The stand-in for an unwritten ``my_zero1_step``: ZeRO-1's result without its reduce-scatter --
+    torch's ``average_parameters`` on the full gradients, this rank's slices stepped, the stepped slices
+    all-gathered back into the parameters."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+    from ..compat import all_gather_into_tensor
+    n, r = dist.get_world_size(), dist.get_rank()
+    average_parameters(iter([p.grad for p in params]), dist.group.WORLD)
+    for p, s in zip(params, shards):
+        s.grad = _rank_slice(p.grad, n, r).clone()
+        p.grad = None
+    optimizer.step()
+    optimizer.zero_grad()
+    for p, s in zip(params, shards):
+        whole = torch.empty(n * s.numel(), dtype=s.dtype, device=s.device)
+        all_gather_into_tensor(whole, s.detach().reshape(-1).contiguous())
+        with torch.no_grad():
+            p.copy_(whole[: p.numel()].view_as(p))
+
+
+standin(torch_average_gradients, "torch's average_parameters on the gradients")
+standin(averaged_then_sharded_step, "an averaged all-reduce, then this rank's shards stepped and all-gathered "
+                                    "(ZeRO-1's result without its reduce-scatter)")
 
 
 def _run(rank_fn, *args, pool=None, timeout: float, hang_hint: str) -> list:
-    from ..launch import launch
-    try:
-        if pool is not None:
-            return pool.run(rank_fn, *args, timeout=timeout, output="quiet")
-        return launch(rank_fn, *args, world_size=2, backend="gloo", timeout=timeout, output="quiet")
-    except RankTimeout:
-        fail(f"your function did not finish within {timeout:g} s", hang_hint)
-    except RankError as e:
-        fail(f"rank {e.rank} raised {e.exc_type or 'nothing (it died)'}: {e.remote_message}",
-             "read the rank's error above; every rank must call the same collectives, in the same order, "
-             "with tensors of the same size")
+    return run_ranks(rank_fn, *args, pool=pool, world_size=pool.world_size if pool is not None else 2,
+                     backend=None if pool is not None else "gloo", timeout_s=timeout, hang_hint=hang_hint,
+                     hint="read the rank's error above; every rank must call the same collectives, in the same "
+                          "order, with tensors of the same size")
 
 
 _GRADIENT_HINTS = {
@@ -42,12 +77,14 @@ def average_gradients(fn, pool=None, timeout: float = 120.0):
     the gradient of the whole batch's mean loss; and training with it must match one device.
 
     Returns:
-        the function to use from here on: ``fn``, or the reference when ``fn`` is still a stub.
+        the function to use from here on: ``fn``, or the stand-in ``torch_average_gradients`` when ``fn``
+        is still a stub.
     """
-    results = _run(exercises.run_average, fn, solution.average_gradients, pool=pool, timeout=timeout,
+    results = _run(exercises.run_average, fn, torch_average_gradients, pool=pool, timeout=timeout,
                    hang_hint="every rank must all-reduce the same parameters in the same order")
     if any(r["not_attempted"] for r in results):
-        say_not_attempted(solution.average_gradients)
+        say_not_attempted("my_average_gradients", torch_average_gradients.labutils_standin)
+        return torch_average_gradients
     for r in results:
         if r["gradients"] != "ok":
             fail(*_GRADIENT_HINTS[r["gradients"]])
@@ -56,7 +93,7 @@ def average_gradients(fn, pool=None, timeout: float = 120.0):
              "change p.grad in place (dist.all_reduce(p.grad); p.grad /= world_size) and touch nothing else")
     passed(f"your all-reduce averages the gradients: on {len(results)} ranks every rank's gradient == one "
            "device's on the whole batch, and 3 SGD steps match one device")
-    return solution.average_gradients if results[0]["not_attempted"] else fn
+    return fn
 
 
 _ZERO_HINTS = {
@@ -92,20 +129,22 @@ def zero_step(fn, pool=None, timeout: float = 120.0):
     data parallelism by hand and the same AdamW on full parameters.
 
     Returns:
-        the function to use from here on: ``fn``, or the reference when ``fn`` is still a stub.
+        the function to use from here on: ``fn``, or the stand-in ``averaged_then_sharded_step`` when
+        ``fn`` is still a stub.
     """
-    results = _run(exercises.run_zero_step, fn, solution.zero1_step, solution.average_gradients, pool=pool,
+    results = _run(exercises.run_zero_step, fn, averaged_then_sharded_step, torch_average_gradients, pool=pool,
                    timeout=timeout, hang_hint="each rank must reduce-scatter and all-gather every parameter, "
                                               "in the same order on every rank")
     if any(r["not_attempted"] for r in results):
-        say_not_attempted(solution.zero1_step)
+        say_not_attempted("my_zero1_step", averaged_then_sharded_step.labutils_standin)
+        return averaged_then_sharded_step
     for r in results:
         if r["diagnosis"] != "ok":
             what, hint = _ZERO_HINTS[r["diagnosis"]]
             fail(f"step {r['step']}: {what}", hint)
     passed(f"your ZeRO-1 step == data parallelism with AdamW on {len(results)} ranks for 3 steps, "
            "with each rank's optimizer holding only its shards")
-    return solution.zero1_step if results[0]["not_attempted"] else fn
+    return fn
 
 
 def prediction_lr_factor(answer, world_size: int) -> None:

@@ -2,18 +2,19 @@
 
 Each runs the learner's function on 3 gloo ranks (CPU tensors: the same text on every machine) and
 prints ``✓ ...`` or raises ``ExerciseError`` with a HINT chosen from the symptom. A stub that raises
-NotImplementedError is "not attempted": the checker says so and checks the reference solution instead.
+NotImplementedError is "not attempted": the checker says so and checks nothing; where later cells need
+the result (exercises 3 and 4) it returns a stand-in of its own, named in what it prints.
 Pass ``pool=`` a gloo ``labutils.RankPool`` to reuse its ranks (``warm_up(pool)`` does their slow first
 imports ahead, while another pool starts); otherwise each check launches 3 ranks.
 ``sync_sp_grads`` and ``sp_plan`` return the function the rest of the notebook should use: yours once
-it passes, else the reference.
+it passes, else the stand-in.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from . import fail, passed, say_not_attempted
+from . import fail, passed, run_ranks, say_not_attempted, standin
 
 WORLD_SIZE = 3
 TIMEOUT_S = 90   # a learner's function that hangs is stopped after this long
@@ -21,32 +22,49 @@ TIMEOUT_S = 90   # a learner's function that hangs is stopped after this long
 
 def _run(pool, rank_fn, *args) -> list:
     """``rank_fn(rank, world_size, *args)`` on gloo ranks; failures become ExerciseError with a hint."""
-    import labutils
-    if pool is not None and pool.backend != "gloo":
-        raise ValueError(f"the checkers run on CPU tensors, but this pool's backend is {pool.backend!r}. "
-                         "HINT: pass a pool made with labutils.RankPool(world_size=3, backend='gloo'), "
-                         "or leave pool out.")
-    try:
-        if pool is not None:
-            return pool.run(rank_fn, *args, timeout=TIMEOUT_S, output="quiet")
-        return labutils.launch(rank_fn, *args, world_size=WORLD_SIZE, backend="gloo", timeout=TIMEOUT_S,
-                               output="quiet")
-    except labutils.RankTimeout:
-        fail(f"your function did not return within {TIMEOUT_S} s",
-             "every send needs the matching receive on the peer, and every rank must call the same "
-             "collectives in the same order; post all sends and receives together (batch_isend_irecv)")
-    except labutils.RankError as exc:
-        what = (f"your function raised {exc.exc_type} on rank {exc.rank}: {exc.remote_message}"
-                if exc.exc_type else str(exc).split(". HINT")[0])
-        fail(what, "run it by hand in a rank function (pool.run) and print the shapes and split sizes")
+    return run_ranks(rank_fn, *args, pool=pool, world_size=pool.world_size if pool is not None else WORLD_SIZE,
+                     timeout_s=TIMEOUT_S,
+                     hint="run it by hand in a rank function (pool.run) and print the shapes and split sizes",
+                     hang_hint="every send needs the matching receive on the peer, and every rank must call the "
+                               "same collectives in the same order; post all sends and receives together "
+                               "(batch_isend_irecv)")
 
 
-def _or_reference(fn, reference, *args):
-    """``(fn(*args), False)``, or ``(reference(*args), True)`` when ``fn`` is still a stub."""
+def _first_call(fn, *args):
+    """``(fn(*args), True)``, or ``(None, False)`` when ``fn`` is still a stub."""
     try:
-        return fn(*args), False
+        return fn(*args), True
     except NotImplementedError:
-        return reference(*args), True
+        return None, False
+
+
+def replicated_grads_summed(block, group=None) -> None:
+    """The stand-in for an unwritten ``my_sync_sp_grads``: found at run time, every parameter that holds
+    the same values on all ranks (replicated, as DTensor would mark it) gets its gradient summed over the
+    ranks; sharded parameters are left alone."""
+    n = dist.get_world_size(group)
+    for p in block.parameters():
+        if p.grad is None:
+            continue
+        copies = [torch.empty_like(p.detach()) for _ in range(n)]
+        dist.all_gather(copies, p.detach().contiguous(), group=group)
+        if all(torch.equal(c, copies[0]) for c in copies):
+            dist.all_reduce(p.grad, group=group)
+
+
+def torch_styles_sp_plan() -> dict:
+    """The stand-in for an unwritten ``my_sp_plan``: torch's parallel styles, laid out for a sequence on
+    dim 0 at the block's edges."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    seq = Shard(0)
+    return dict(norm=SequenceParallel(sequence_dim=0), up=ColwiseParallel(input_layouts=seq),
+                down=RowwiseParallel(output_layouts=seq))
+
+
+standin(replicated_grads_summed, "a sum of every replicated parameter's gradient (the checker's "
+                                 "replicated_grads_summed)")
+standin(torch_styles_sp_plan, "the checker's plan of torch's parallel styles (torch_styles_sp_plan)")
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -87,8 +105,7 @@ def _a2a_cases(n: int) -> list[tuple[str, list, int]]:
 
 def _a2a_rank(rank: int, world_size: int, fn) -> dict:
     from labutils.instruments.ledger import Ledger
-    from labutils.solutions import lab09 as solution
-    report = {"used_reference": False, "cases": []}
+    report = {"attempted": True, "cases": []}
     for name, splits, width in _a2a_cases(world_size):
         ins, outs = splits[rank], [splits[s][rank] for s in range(world_size)]
         x = (torch.arange(sum(ins) * width, dtype=torch.float32) + 100 * rank).reshape(-1, width)
@@ -96,9 +113,11 @@ def _a2a_rank(rank: int, world_size: int, fn) -> dict:
         dist.all_to_all_single(expected, x, output_split_sizes=outs, input_split_sizes=ins)
         got = torch.full_like(expected, -1.0)
         with Ledger() as ledger:
-            _, used = _or_reference(solution.all_to_all_single_p2p if report["used_reference"] else fn,
-                                    solution.all_to_all_single_p2p, got, x, outs, ins, None)
-        report["used_reference"] |= used
+            _, attempted = _first_call(fn, got, x, outs, ins, None)
+        if not attempted:
+            if report["cases"]:
+                raise NotImplementedError("your function raised NotImplementedError in a later case")
+            return {"attempted": False, "cases": []}
         mine = got.split(outs)[rank]
         report["cases"].append({"name": name, "equal": bool(torch.equal(got, expected)),
                                 "untouched": bool((got == -1).all()) and got.numel() > 0,
@@ -110,10 +129,10 @@ def _a2a_rank(rank: int, world_size: int, fn) -> dict:
 def all_to_all_p2p(fn, pool=None) -> None:
     """Exercise 1: ``fn(output, input, output_split_sizes, input_split_sizes, group)`` fills ``output``
     like ``dist.all_to_all_single``, built from point-to-point operations."""
-    from labutils.solutions import lab09 as solution
     reports = _run(pool, _a2a_rank, fn)
-    if any(r["used_reference"] for r in reports):
-        say_not_attempted(solution.all_to_all_single_p2p)
+    if not all(r["attempted"] for r in reports):
+        say_not_attempted("my_all_to_all_single")
+        return
     for rank, r in enumerate(reports):
         for case in r["cases"]:
             if case["collective"]:
@@ -144,15 +163,31 @@ def _capacity_cases(rank: int, n: int) -> list[tuple[str, torch.Tensor, int]]:
              torch.zeros(0, dtype=torch.int64) if rank == 1 else torch.arange(n), 1)]
 
 
+def _expected_dispatch(rank: int, world_size: int, x, dest, capacity: int):
+    """What Switch dispatch must give, from every rank's tokens (gathered as objects): (received, kept)."""
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (x, dest))
+    seen = [0] * world_size
+    kept = torch.zeros(dest.numel(), dtype=torch.bool)
+    for i, d in enumerate(dest.tolist()):
+        kept[i], seen[d] = seen[d] < capacity, seen[d] + 1
+    slots = []
+    for xs, ds in everyone:
+        rows = xs[ds == rank][:capacity]
+        slots.append(torch.cat([rows, rows.new_zeros((capacity - rows.shape[0],) + tuple(xs.shape[1:]))]))
+    return torch.cat(slots), kept
+
+
 def _capacity_rank(rank: int, world_size: int, fn) -> dict:
-    from labutils.solutions import lab09 as solution
-    report = {"used_reference": False, "cases": []}
+    report = {"attempted": True, "cases": []}
     for name, dest, capacity in _capacity_cases(rank, world_size):
         x = torch.arange(dest.numel() * 4, dtype=torch.float32).reshape(-1, 4) + 100 * (rank + 1)
-        want, want_kept = solution.dispatch_with_capacity(x, dest, capacity, None)
-        got, used = _or_reference(solution.dispatch_with_capacity if report["used_reference"] else fn,
-                                  solution.dispatch_with_capacity, x, dest, capacity, None)
-        report["used_reference"] |= used
+        want, want_kept = _expected_dispatch(rank, world_size, x, dest, capacity)
+        got, attempted = _first_call(fn, x, dest, capacity, None)
+        if not attempted:
+            if report["cases"]:
+                raise NotImplementedError("your function raised NotImplementedError in a later case")
+            return {"attempted": False, "cases": []}
         case = {"name": name, "pair": isinstance(got, (tuple, list)) and len(got) == 2}
         if case["pair"]:
             received, kept = got
@@ -167,10 +202,10 @@ def _capacity_rank(rank: int, world_size: int, fn) -> dict:
 
 def dispatch_with_capacity(fn, pool=None) -> None:
     """Exercise 2: ``fn(x, dest, capacity, group) -> (received, kept)``, Switch-style dispatch."""
-    from labutils.solutions import lab09 as solution
     reports = _run(pool, _capacity_rank, fn)
-    if any(r["used_reference"] for r in reports):
-        say_not_attempted(solution.dispatch_with_capacity)
+    if not all(r["attempted"] for r in reports):
+        say_not_attempted("my_dispatch_with_capacity")
+        return
     for rank, r in enumerate(reports):
         for case in r["cases"]:
             what = f"rank {rank}, {case['name']}"
@@ -187,7 +222,7 @@ def dispatch_with_capacity(fn, pool=None) -> None:
                 fail(f"{what}: received holds the wrong rows", "slot d of the send buffer holds, in token "
                      "order, the kept tokens for expert d, then zeros; one even all_to_all_single moves "
                      "slot d to rank d")
-    passed(f"dispatch_with_capacity matches the reference on {len(reports)} ranks "
+    passed(f"dispatch_with_capacity matches Switch dispatch on {len(reports)} ranks "
            "(overflowing experts, a rank without tokens, padding)")
 
 
@@ -205,26 +240,26 @@ def _status(got, expected, before, n: int) -> str:
 
 def _sync_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
     from labutils.labs.lab09_all_to_all import verify
-    from labutils.solutions import lab09 as solution
     ref, x, dy = verify.block_problem(world_size, Block, 3, torch.device("cpu"))
     verify.reference_grads(ref, x, dy)
     block = ParallelBlock(ref, None, sequence_parallel=True)
     block(x.chunk(world_size)[rank].clone().requires_grad_()).backward(dy.chunk(world_size)[rank])
     before = {k: p.grad.clone() for k, p in block.named_parameters()}
-    _, used = _or_reference(fn, solution.sync_sp_grads, block, None)
+    _, attempted = _first_call(fn, block, None)
+    if not attempted:
+        return {"attempted": False, "status": {}}
     grads = dict(block.named_parameters())
-    return {"used_reference": used, "status": {k: _status(grads[k].grad, e, before[k], world_size)
+    return {"attempted": True, "status": {k: _status(grads[k].grad, e, before[k], world_size)
                                                for k, e in verify.expected_grads(ref, rank, world_size).items()}}
 
 
 def sync_sp_grads(fn, Block, ParallelBlock, pool=None):
     """Exercise 3: ``fn(block, group)`` after an SP backward leaves every gradient equal to the one-device
-    block's. Returns the function to use from here on (yours, or the reference if not attempted)."""
-    from labutils.solutions import lab09 as solution
+    block's. Returns the function to use from here on (yours, or the stand-in if not attempted)."""
     reports = _run(pool, _sync_rank, fn, Block, ParallelBlock)
-    if any(r["used_reference"] for r in reports):
-        say_not_attempted(solution.sync_sp_grads)
-        fn = solution.sync_sp_grads
+    if not all(r["attempted"] for r in reports):
+        say_not_attempted("my_sync_sp_grads", replicated_grads_summed.labutils_standin)
+        return replicated_grads_summed
     for rank, r in enumerate(reports):
         bad = {k: s for k, s in r["status"].items() if s != "ok"}
         if not bad:
@@ -269,9 +304,10 @@ def _plan_hint(plan) -> str:
 
 def _plan_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
     from labutils.labs.lab09_all_to_all import verify
-    from labutils.solutions import lab09 as solution
-    plan, used = _or_reference(fn, solution.sp_plan)
-    report = {"used_reference": used, "hint": _plan_hint(plan)}
+    plan, attempted = _first_call(fn)
+    if not attempted:
+        return {"attempted": False}
+    report = {"attempted": True, "hint": _plan_hint(plan)}
     try:
         result = verify.dtensor_matches(rank, world_size, Block, ParallelBlock, lambda: plan,
                                         sequence_parallel=True)
@@ -284,12 +320,11 @@ def _plan_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
 def sp_plan(fn, Block, ParallelBlock, pool=None):
     """Exercise 4: ``fn() -> plan`` makes ``parallelize_module(Block, mesh, plan)`` the SP block: input
     and output are sequence shards, outputs and gradients equal the one-device block's. Returns the plan
-    function to use from here on (yours, or the reference if not attempted)."""
-    from labutils.solutions import lab09 as solution
+    function to use from here on (yours, or the stand-in if not attempted)."""
     reports = _run(pool, _plan_rank, fn, Block, ParallelBlock)
-    if any(r["used_reference"] for r in reports):
-        say_not_attempted(solution.sp_plan)
-        fn = solution.sp_plan
+    if not all(r["attempted"] for r in reports):
+        say_not_attempted("my_sp_plan", torch_styles_sp_plan.labutils_standin)
+        return torch_styles_sp_plan
     for rank, r in enumerate(reports):
         if "error" in r:
             fail(f"rank {rank}: the parallelized block failed: {r['error']}", r["hint"])

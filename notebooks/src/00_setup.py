@@ -277,12 +277,16 @@ claims.show(lab_claims.copy_verdicts(local.data, peer.data))
 # Write `predicted_time_ms(size_bytes, alpha_us, beta_gbps)` returning t(S) = α + S/β in **milliseconds**
 # (α in µs, β in GB/s = 1e9 B/s). The checker compares it with the model on a handful of cases.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "predicted_time_ms", "locked": false, "schema_version": 3, "solution": true}
 def predicted_time_ms(size_bytes, alpha_us, beta_gbps):
     # ✍ your code here: t = alpha + S / beta, in ms
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab00 as solution  # the instructor's edition: the reference answer
+    return solution.predicted_time_ms(size_bytes, alpha_us, beta_gbps)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_predicted_time_ms", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.predicted_time_ms(predicted_time_ms)
 
 # %% [markdown]

@@ -538,13 +538,16 @@ claims.show(lab_claims.many_verdicts(MANY.data))
 # `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on GPUs, a CPU stand-in
 # otherwise). This is what `broadcast_coalesced` does for one bucket, per-tensor host work included.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "broadcast_many", "locked": false, "schema_version": 3, "solution": true}
 def my_broadcast_many(tensors, devices, comm):
     """✍ One comm.broadcast for all tensors; returns [[tensor j on devices[k] for j] for k]."""
-    raise NotImplementedError  # your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab01 as solution  # the instructor's edition: the reference answer
+    return solution.broadcast_many(tensors, devices, comm)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_broadcast_many", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.broadcast_many(my_broadcast_many)
 
 # %% [markdown]
@@ -555,13 +558,16 @@ check.broadcast_many(my_broadcast_many)
 # (a *view*: no copy). Then filling `flat` — one broadcast into it — fills every view. Hint:
 # `torch.Tensor.split` and `.view` return views; `torch.cat` copies (once is fine).
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "flat_views", "locked": false, "schema_version": 3, "solution": true}
 def my_flat_views(tensors):
     """✍ Returns (flat, views): one 1-D buffer, and a view of it with each tensor's shape."""
-    raise NotImplementedError  # your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab01 as solution  # the instructor's edition: the reference answer
+    return solution.flat_views(tensors)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_flat_views", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 FLAT_VIEWS = check.flat_views(my_flat_views)
 
 # %% [markdown]
@@ -647,13 +653,16 @@ claims.show(lab_claims.peer_copy_verdicts(SWEEP.data))
 # the sum back to every input's GPU with `comm.broadcast`. Return one tensor per input, on the
 # input's device.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_all_reduce(tensors, comm):
     """✍ Returns [sum of tensors, on tensors[k].device for each k], from reduce_add + broadcast."""
-    raise NotImplementedError  # your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab01 as solution  # the instructor's edition: the reference answer
+    return solution.all_reduce_from_reduce_add(tensors, comm)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_all_reduce", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.all_reduce(my_all_reduce)
 
 # %% [markdown]

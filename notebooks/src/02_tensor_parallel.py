@@ -597,12 +597,15 @@ claims.show(CLAIMS["02_partitions"](PART.data))
 # one `compat.all_gather_into_tensor(output, input, group)` for the data, plus whatever small collective you
 # need first (and `gather_padded` from section 1 if you like). The checker runs it on 2 gloo ranks.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "gather_rows_uneven", "locked": false, "schema_version": 3, "solution": true}
 def my_gather_rows_uneven(x, group=None):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab02 as solution  # the instructor's edition: the reference answer
+    return solution.gather_rows_uneven(x, group)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_gather_rows_uneven", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.gather_rows_uneven(my_gather_rows_uneven, pool=GLOO)
 
 # %% [markdown]
@@ -706,20 +709,26 @@ compare.report(POOL.run(verify.column_parallel, ColumnParallelLinear))
 # The checker puts it behind your `ColumnParallelLinear` and compares with `nn.Linear` on 2 gloo ranks,
 # gradients included.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "gather_from_tp", "locked": false, "schema_version": 3, "solution": true}
 class MyGatherFromTP(torch.autograd.Function):
     """All-gather y_shard along the last dim (rank order); backward: this rank's columns of the gradient."""
 
     @staticmethod
     def forward(ctx, y_shard, group):
-        raise NotImplementedError  # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab02 as solution  # the instructor's edition: the reference answer
+        return solution.GatherFromTP.forward(ctx, y_shard, group)
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError  # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab02 as solution  # the instructor's edition: the reference answer
+        return solution.GatherFromTP.backward(ctx, grad)
+        ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_gather_from_tp", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.gather_from_tp(MyGatherFromTP, ColumnParallelLinear, pool=GLOO)
 
 # %% [markdown]
@@ -860,22 +869,23 @@ claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
 # Return `(transfer_ms, wait_ms)`: per call, the transfer is the shortest time over the ranks and the wait the
 # longest minus the shortest; return the median of each over the calls.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "transfer_and_wait", "locked": false, "schema_version": 3, "solution": true}
 def my_transfer_and_wait(calls_ms):
-    raise NotImplementedError  # ✍ your code here: return (transfer_ms, wait_ms)
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab02 as solution  # the instructor's edition: the reference answer
+    return solution.transfer_and_wait(calls_ms)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_transfer_and_wait", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.transfer_and_wait(my_transfer_and_wait)
 
 # %% tags=["nbval-ignore-output"]
-try:
-    my_transfer_and_wait([[1.0], [1.0]])
-    transfer_and_wait = my_transfer_and_wait
-except NotImplementedError:
-    from labutils.solutions.lab02 import transfer_and_wait
+transfer_and_wait = check.usable_transfer_and_wait(my_transfer_and_wait)   # None while not attempted
 WITH_CALLS = [r for r in TP_ROWS if r.get("allreduce_fwd_calls_ms")]
-if WITH_CALLS:
+if WITH_CALLS and transfer_and_wait is None:
+    print(f"[{TP.label}] the split of each call into transfer and wait needs your transfer_and_wait above.")
+elif WITH_CALLS:
     split = [transfer_and_wait(r["allreduce_fwd_calls_ms"]) for r in WITH_CALLS]
     display(pd.DataFrame({"all-reduce size": [bandwidth.format_size(r["allreduce_bytes"]) for r in WITH_CALLS],
                           "in the step (µs)": [1e3 * r["allreduce_fwd_ms"] for r in WITH_CALLS],

@@ -223,12 +223,16 @@ plots.timeline_plot(spans, title="GPipe, p = 2 stages, m = 4 micro-batches (simu
 # ### Exercise 1: the bubble
 # Write `my_bubble_fraction(p, m)`: the fraction of a GPipe step each stage sits idle.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "bubble_fraction", "locked": false, "schema_version": 3, "solution": true}
 def my_bubble_fraction(p, m):
     # ✍ your code here
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab04 as solution  # the instructor's edition: the reference answer
+    return solution.bubble_fraction(p, m)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_bubble_fraction", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.bubble_fraction(my_bubble_fraction)
 
 # %%
@@ -551,12 +555,16 @@ if mem["one micro-batch kept"][0] is not None:
 # output and gradients with one device, and records the order of your forwards and backwards with hooks on the
 # stage: stage s may hold at most min(m, p − s) micro-batches at once.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "one_f_one_b", "locked": false, "schema_version": 3, "solution": true}
 def my_1f1b_step(stage, x, target, loss_fn, n_microbatches, act_shape):
     # ✍ your code here
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab04 as solution  # the instructor's edition: the reference answer
+    return solution.one_f_one_b_step(stage, x, target, loss_fn, n_microbatches, act_shape)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_one_f_one_b", "locked": true, "points": 4, "schema_version": 3, "solution": false}
 check.one_f_one_b(my_1f1b_step, pool=CHECKERS)
 
 # %% [markdown]

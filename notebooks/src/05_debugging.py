@@ -565,11 +565,15 @@ claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
 # The checker runs your function on `CHECK_POOL`'s 3 gloo ranks (started with the lab, in the background) with
 # matching tensors and with one more element on the last rank.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "checked_all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_checked_all_reduce(t):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab05 as solution  # the instructor's edition: the reference answer
+    return solution.checked_all_reduce(t)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_checked_all_reduce", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.checked_all_reduce(my_checked_all_reduce, pool=CHECK_POOL)
 
 # %% [markdown]
@@ -589,11 +593,15 @@ check.checked_all_reduce(my_checked_all_reduce, pool=CHECK_POOL)
 # loss is not finite — then every rank skips the step and returns `None`. The checker makes the last rank's
 # loss NaN.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "guarded_step", "locked": false, "schema_version": 3, "solution": true}
 def my_guarded_step(rank, world_size, loss, grad):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab05 as solution  # the instructor's edition: the reference answer
+    return solution.guarded_step(rank, world_size, loss, grad)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_guarded_step", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.guarded_step(my_guarded_step, pool=CHECK_POOL)
 
 # %% [markdown]

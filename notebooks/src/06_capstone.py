@@ -251,12 +251,16 @@ claims.show(V_SWEEP)
 # `min_size_for_fraction(fit, fraction)` returning the smallest S (bytes) whose bandwidth S / t(S) reaches
 # `fraction` × β under the model (α in µs, β in GB/s). Hint: f = 1/2 gives Hockney's n½ = αβ.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "min_size_for_fraction", "locked": false, "schema_version": 3, "solution": true}
 def min_size_for_fraction(fit, fraction):
     # ✍ your code here: solve S / (alpha + S / beta) = fraction * beta for S (bytes)
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab06 as solution  # the instructor's edition: the reference answer
+    return solution.min_size_for_fraction(fit, fraction)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_min_size_for_fraction", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.min_size_for_fraction(min_size_for_fraction)
 
 # %% tags=["nbval-ignore-output"]
@@ -649,12 +653,16 @@ for mine, size in ((my_prediction_ratio_small, 8), (my_prediction_ratio_middle, 
 # at three sizes and compares every element with the benchmark's own check: only rank 2k+1's output may
 # change, and it must hold exactly rank 2k's input.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "send_one_way", "locked": false, "schema_version": 3, "solution": true}
 def send_one_way(case):
     # ✍ your code here: case.rank, case.world_size, case.inp (to send), case.out (to receive into)
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab06 as solution  # the instructor's edition: the reference answer
+    return solution.send_one_way(case)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_send_one_way", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.send_one_way(send_one_way, POOL)
 
 # %% [markdown]

@@ -200,7 +200,7 @@ x.sum().item()
 # ## 3 · Exercises
 #
 # Both are `%%ranks` cells; the checker below each fetches your variable from every rank. Left as `None`,
-# the checker says so and runs the reference solution on the ranks instead.
+# the checker says so (no points) and the notebook goes on.
 #
 # **Exercise 1.** Complete the cell so that every rank ends with `mean_rank`, a Python float holding the mean of
 # all ranks' `rank`, computed with one `dist.all_reduce` (use `device` for the tensor).
@@ -209,7 +209,7 @@ x.sum().item()
 %%ranks
 mean_rank = None  # ✍ your code: all_reduce a tensor holding this rank's `rank`, then divide
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_mean_rank", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.mean_rank(pool)
 
 # %% [markdown]
@@ -220,7 +220,7 @@ check.mean_rank(pool)
 %%ranks
 squares = None  # ✍ your code: all_gather a one-element tensor holding rank ** 2
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_squares", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.squares(pool)
 
 # %% [markdown]

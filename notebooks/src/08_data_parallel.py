@@ -134,12 +134,16 @@ check.prediction_lr_factor(my_prediction_lr_factor, POOL.world_size)
 # `dist.all_reduce` (in place, a sum by default) and `dist.get_world_size()`. The checker runs it on the
 # ranks of `POOL` after a backward on each rank's share of a batch, and compares with one device.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "average_gradients", "locked": false, "schema_version": 3, "solution": true}
 def my_average_gradients(model):
     # ✍ your code here
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+    return solution.average_gradients(model)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_average_gradients", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 average_gradients = check.average_gradients(my_average_gradients, pool=POOL)
 
 # %% [markdown]
@@ -469,12 +473,16 @@ def shard_of(p, world_size, rank):
 # (`compat` calls `reduce_scatter_tensor` / `all_gather_into_tensor`, or their torch ≥ 2.13 names.) The
 # checker compares your step, three times, with part 1's training using the same AdamW on full weights.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "zero1_step", "locked": false, "schema_version": 3, "solution": true}
 def my_zero1_step(params, shards, optimizer):
     # ✍ your code here
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+    return solution.zero1_step(params, shards, optimizer)
+    ### END SOLUTION
 
 
+# %% nbgrader={"grade": true, "grade_id": "check_zero1_step", "locked": true, "points": 4, "schema_version": 3, "solution": false}
 zero1_step = check.zero_step(my_zero1_step, pool=POOL)
 
 # %% [markdown]

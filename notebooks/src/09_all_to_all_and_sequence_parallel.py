@@ -224,12 +224,15 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
 # `dist.batch_isend_irecv(ops)`, whose requests you `wait()` on. Your own block is a local copy. This is the
 # fallback for a backend that lacks a form of all-to-all; the checker runs it on 3 gloo ranks.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "all_to_all_p2p", "locked": false, "schema_version": 3, "solution": true}
 def my_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab09 as solution  # the instructor's edition: the reference answer
+    return solution.all_to_all_single_p2p(output, input, output_split_sizes, input_split_sizes, group)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_all_to_all_p2p", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.all_to_all_p2p(my_all_to_all_single, pool=GLOO)
 
 # %% [markdown]
@@ -491,12 +494,15 @@ claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data))
 # slot rank s filled for this rank's expert, and `kept` a bool tensor saying which of this rank's tokens were
 # sent. One even `dist.all_to_all_single`. The checker runs it on 3 gloo ranks.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "dispatch_with_capacity", "locked": false, "schema_version": 3, "solution": true}
 def my_dispatch_with_capacity(x, dest, capacity, group=None):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab09 as solution  # the instructor's edition: the reference answer
+    return solution.dispatch_with_capacity(x, dest, capacity, group)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_dispatch_with_capacity", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 check.dispatch_with_capacity(my_dispatch_with_capacity, pool=GLOO)
 
 # %% [markdown]
@@ -661,14 +667,17 @@ for name, sp in (("TP", False), ("SP", True)):
 # ### Exercise 3 — the gradient all-reduce of sequence parallelism
 # Write `my_sync_sp_grads(block, group)`, called after backward on a `ParallelBlock` with
 # `sequence_parallel=True`: sum over ranks the gradients that are partial, and only those. The checker runs
-# it on 3 gloo ranks; the notebook uses your function from here on (or the reference, if you skip it).
+# it on 3 gloo ranks; the notebook uses your function from here on (or the checker's stand-in, if you skip it).
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "sync_sp_grads", "locked": false, "schema_version": 3, "solution": true}
 def my_sync_sp_grads(block, group=None):
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab09 as solution  # the instructor's edition: the reference answer
+    return solution.sync_sp_grads(block, group)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_sync_sp_grads", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 SYNC = check.sync_sp_grads(my_sync_sp_grads, Block, ParallelBlock, pool=GLOO)
 
 # %% [markdown]
@@ -856,12 +865,15 @@ compare.report(POOL.run(verify.dtensor_matches, Block, ParallelBlock, tp_plan, k
 # `input_layouts` / `output_layouts` arguments and `SequenceParallel`'s `sequence_dim`. The checker runs it on
 # 3 gloo ranks — DTensor runs on CPU tensors with gloo too.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "sp_plan", "locked": false, "schema_version": 3, "solution": true}
 def my_sp_plan():
-    raise NotImplementedError  # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab09 as solution  # the instructor's edition: the reference answer
+    return solution.sp_plan()
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_sp_plan", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 SP_PLAN = check.sp_plan(my_sp_plan, Block, ParallelBlock, pool=GLOO)
 
 # %% [markdown]
