@@ -47,7 +47,7 @@ import labutils
 from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab02 as check
 from labutils.config import rank_device
-from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
+from labutils.labs.lab02_tensor_parallel import cost_model, measure, one_gpu, paths, script, steps, verify
 from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_train_ms,
                                                         paths_verdicts, sweep_verdicts)
 
@@ -926,17 +926,35 @@ SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: cost_model.comm_s
 pd.DataFrame(SUMMARY.data["ops"]).set_index("what")
 
 # %% [markdown]
+# ### The one-GPU baseline
+# Every speedup above is measured against the whole MLP on one GPU, and that baseline needs one GPU only:
+# `one_gpu.mlp_baseline` times it, forward and forward + backward, at every hidden size of the sweep, and turns
+# each time into the TFLOP/s it sustains (`cost_model.mlp_flops`: 2 matmuls × 2 × tokens × h × 4h forward,
+# three times that with backward). The explorer below models a layer with *one* sustained rate; the verdicts
+# say whether the GPU keeps one: a wide layer's time should grow as its FLOPs, and a narrow one, whose matmuls
+# are too small to fill the GPU, runs at a lower rate.
+
+# %% tags=["nbval-ignore-output"]
+BASE = recorded.live_or_recorded("02_mlp_one_gpu", lambda: one_gpu.mlp_baseline(HIDDENS, tokens=TOKENS),
+                                 gpus_needed=1)
+display(pd.DataFrame(BASE.data["rows"]).set_index("hidden").round(2))
+print(f"[{BASE.label}] {BASE.data['tokens']} tokens, {BASE.data['dtype']}")
+claims.show(CLAIMS["02_mlp_one_gpu"](BASE.data), BASE)
+
+# %% [markdown]
 # ### Explorer: when does tensor parallelism pay?
 # The model of section 5 with your knobs: tokens per step, number of GPUs (the all-reduce is extrapolated from
 # the 2-GPU fit with the ring model — optimistic beyond one NVLink pair), the GPU's sustained TFLOP/s (starts
-# at the one-GPU MLP's measured rate) and a fixed per-step overhead. Dots: the measurements.
+# at the rate the one-GPU baseline above sustained at its widest, forward + backward) and a fixed per-step
+# overhead. Dots: the measurements.
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
 
-big = TP_ROWS[-1]
-MEASURED_TFLOPS = cost_model.mlp_flops(big["tokens"], big["hidden"], big["ffn_hidden"], train=True) / (
-    big["one_gpu_train_ms"] * 1e-3) / 1e12
+big = BASE.data["rows"][-1]
+MEASURED_TFLOPS = big["train_tflops"]
+print(f"the TFLOP/s slider starts at {MEASURED_TFLOPS:.0f}: the one-GPU MLP at hidden {big['hidden']}, "
+      f"forward + backward [{BASE.label}]; the dots are {TP.label}")
 
 
 def explore(tokens, world_size, tflops, overhead_us, train):
@@ -970,7 +988,7 @@ widgets.interact(explore,
 # were measured live or come from a recording (which machine, which date):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, OBJ, PART, (SWEEP, TP)))
+claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, OBJ, PART, (SWEEP, TP), BASE))
 
 # %% [markdown]
 # **Take-aways.** Put tensors where the backend moves them; make every rank agree on the data and the sizes;

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import labutils
 from labutils import bandwidth, claims, hw, plots, recorded
 from labutils.checks import lab04 as check
-from labutils.labs.lab04_pipeline import analysis, measure, model, naive, pipelining, verify
+from labutils.labs.lab04_pipeline import analysis, boost, measure, model, naive, pipelining, verify
 from labutils.labs.lab04_pipeline import schedule as pipeline   # stages, the bubble, schedules, their simulation
 from labutils.labs.lab04_pipeline.claims import CLAIMS, bubble_verdicts, memory_verdicts, traffic_verdicts
 
@@ -155,12 +155,35 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 # isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second verdict), the
 # split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether the clock is
 # what changed. The clock and power columns show what the GPU chose in each case — a higher clock draws more
-# power while it computes — not which limit made it choose; `nvidia-smi -q -d PERFORMANCE` lists the reasons the
-# driver reports. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the
+# power while it computes — not which limit made it choose: that is what NVML's *clock-event reasons* say, read
+# on one GPU below. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the
 # same duty, or the GPU's power management decides the result.)
 #
 # Naive model parallelism lets a model that does not fit one GPU run at all; sharing no work, it cannot make the
 # work itself faster.
+#
+# ### On one GPU: which limit holds the clock
+# The rest needs no second GPU. `boost.measure_one_gpu` runs the same one-GPU step back to back and resting a
+# step's time before each step, and reads NVML every 5 ms while the GPU computes: the SM clock, the power, the
+# temperature and the clock-event reasons (`nvmlDeviceGetCurrentClocksEventReasons`, one bit per limit that holds
+# the clock: the power cap, a thermal slowdown, a hardware slowdown, ...). Whether power is what holds the clock
+# back to back is decided by the reasons the driver reports, not by the power reading: a GPU drawing less than
+# its limit can still be held by another one. The table gives the share of the readings in which each reason was set.
+
+# %% tags=["nbval-ignore-output"]
+boost_m = recorded.live_or_recorded("04_boost_one_gpu", boost.measure_one_gpu, gpus_needed=1)
+bd = boost_m.data
+nv = bd.get("nvml") or {}
+display(pd.DataFrame([{"": case, "ms per step": t, "SM clock (MHz)": (nv.get(case) or {}).get("clock_mhz"),
+                       "power (W)": (nv.get(case) or {}).get("power_w"),
+                       "temperature (C)": (nv.get(case) or {}).get("temperature_c"),
+                       **{f"{w} (share)": v for w, v in ((nv.get(case) or {}).get("reason_share") or {}).items()}}
+                      for case, t in (("back to back", bd["one_gpu_ms"]), ("rested", bd["one_gpu_rested_ms"]))]
+                     ).set_index("").round(3))
+if not nv.get("back to back"):
+    print("NVML could not be read here: step times only.")
+print(f"[{boost_m.label}]")
+claims.show(CLAIMS["04_boost_one_gpu"](bd), boost_m)
 
 # %% [markdown]
 # ## 2 · The same split across ranks: send and recv
@@ -531,7 +554,7 @@ if mem["one micro-batch kept"][0] is not None:
 # %% [markdown]
 # **What the memory says.** GPipe keeps every micro-batch's activations until the backward starts, so its peak
 # grows with m on every stage; 1F1B starts backwards early and caps stage s at p − s micro-batches (the last
-# stage: one) — the same bubble in the schedule (the step times printed above show what each took here) for less
+# stage: one) — the same bubble in the schedule (the step times printed above show what each took on the machine that measured) for less
 # memory, which is why Megatron-LM trains with it. The fewer activations a stage holds, the larger the share of
 # its peak that the backward's own needs take — a weight-sized temporary per weight being accumulated — and a
 # prediction that counts only activations misses them.
@@ -590,7 +613,7 @@ widgets.interactive(explore,
 # The claims of this lab, judged from the numbers measured above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.sourced(CLAIMS["04_naive_one_process"](nd), naive_m) + claims.sourced(CLAIMS["04_pipeline_bench"](B), bench))
+claims.table(claims.judge(CLAIMS, naive_m, bench, boost_m))
 
 # %% [markdown]
 # * Splitting a model over GPUs computes exactly the same thing (checked to float64 precision, forward and

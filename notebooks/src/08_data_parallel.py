@@ -48,7 +48,7 @@ from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
-from labutils.labs.lab08_data_parallel import measure, memory, model, overlap, verify
+from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, verify
 
 HAVE_FSDP2 = hasattr(fsdp, "fully_shard")  # FSDP2: public since torch 2.6
 HW = hw.describe()
@@ -282,6 +282,24 @@ verify.show(POOL.run(verify.check_ddp, train_ddp, train_data_parallel, accumulat
 my_prediction_ddp_speedup = None  # ✍ your number, e.g. 2.0 for twice one GPU's throughput
 my_prediction_hidden = None  # ✍ your number, a fraction between 0 and 1
 my_prediction_few_ctas_faster = None  # ✍ True, False, or None for "about the same"
+
+# %% [markdown]
+# **One GPU first.** Every DDP number below is compared with the plain model on one GPU, and that baseline needs
+# one GPU only: `one_gpu.plain_step` trains the same transformer without DDP on one GPU's share of the batch,
+# times its step, and counts what the allocator holds — the weights, then everything between two steps (the
+# *model states*: weights, gradients, AdamW's two moments), then the peak of one step. Part 3 counts the model
+# states as the ZeRO paper does, 16 bytes per parameter (16Ψ); the first verdict checks that count here, the
+# second asks whether the model states — what ZeRO shards — are most of the memory a step needs.
+
+# %% tags=["nbval-ignore-output"]
+PLAIN_M = recorded.live_or_recorded("08_plain_one_gpu", one_gpu.plain_step, gpus_needed=1)
+P = PLAIN_M.data
+print(f"{P['n_params'] / 1e6:.0f} M parameters on one {P['gpu']}: {P['step_ms']:.1f} ms per step "
+      f"({P['config']['batch_per_rank']} sequences of {P['config']['seq']} tokens)   [{PLAIN_M.label}]")
+display(pd.DataFrame({"GiB": {"weights": P["weights_bytes"] / 2**30, "model states (between steps)":
+                              P["state_bytes"] / 2**30, "16Ψ (ZeRO paper)": P["predicted_state_bytes"] / 2**30,
+                              "peak of a step": P["peak_bytes"] / 2**30}}).round(2))
+claims.show(lab_claims.plain_verdicts(P), PLAIN_M)
 
 # %% tags=["nbval-ignore-output"]
 DDP_M = recorded.live_or_recorded("08_ddp", lambda: measure.ddp(POOL, trace_dir=TRACES), gpus_needed=2)
@@ -679,8 +697,7 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.sourced(lab_claims.ddp_verdicts(D), DDP_M) + claims.sourced(lab_claims.zero_verdicts(Z), ZERO_M)
-             + claims.sourced(lab_claims.fsdp_verdicts(FS), FSDP_M))
+claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 
 # %% [markdown]
 # * The source's §2.1 is data parallelism: replicate, split the batch, all-reduce the gradients — and the
