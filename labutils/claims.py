@@ -32,10 +32,14 @@ verdict that has none::
 
 A verdict that combines measurements takes them by what each one measured (the words its figure uses)::
 
-    claims.show(lab_claims.copy_verdicts(local.data, peer.data), {"host <-> GPU": local, "GPU <-> GPU": peer})
-    # ... | source: MIXED: host <-> GPU: live on 1x NVIDIA H200 | ...; GPU <-> GPU: RECORDED 2026-11-30 on 2x ...
+    claims.show(ratio_verdicts(local.data, peer.data), {"host -> GPU": local, "GPU0 -> GPU1": peer})
+    # ... | source: MIXED: host -> GPU: live on 1x NVIDIA H200 | ...; GPU0 -> GPU1: RECORDED 2026-11-30 on 2x ...
 
-(when every part has the same source, that one source is printed, not ``MIXED``). A verdict judged from
+(when every part has the same source, that one source is printed, not ``MIXED``). A function whose verdicts
+rest on different inputs may stamp each itself (``sourced`` inside it, as lab 00's ``copy_verdicts(...,
+sources=(local, peer))`` does), so that only the verdict that really combines them is ``MIXED``. In a
+cell nbval compares, a live source differs between machines: ``notebooks/sanitize.cfg`` masks
+``| source: live on ...``. A verdict judged from
 what this notebook just did (no ``Measurement``) takes ``recorded.live_source()``. ``source`` accepts a
 ``Measurement`` (anything with a ``.source`` string), a string, a ``{what: Measurement}`` dict, or a list of
 ``Measurement``s (each named by ``.name``). A verdict that reaches ``line`` / ``show`` / ``table`` without a

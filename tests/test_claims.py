@@ -139,7 +139,10 @@ def test_no_verdict_is_printed_without_its_function(lab):
     assert module is not None, f"lab {lab} prints verdicts but has no claims module"
     derived: dict[str, list[list[dict]]] = {}
     for key, fn in module.CLAIMS.items():
-        docs = _docs((key,) if isinstance(key, str) else tuple(key))
+        names = (key,) if isinstance(key, str) else tuple(key)
+        if not all((RECORDED / f"{n}.json").exists() for n in names):
+            continue   # test_notebook_prints_the_verdicts_its_recordings_give says which recording is missing
+        docs = _docs(names)
         for v in fn(*[d["data"] for d in docs]):
             derived.setdefault(v.body().strip(), []).append(docs)
     stray = [f"{body}{claims.SOURCE_SEP}{source}" for body, source in printed

@@ -722,7 +722,8 @@ widgets.interact(explore,
 claims.table(claims.sourced(lab_claims.sweep_verdicts(SWEEP.data), SWEEP)
              + claims.sourced(lab_claims.dtype_verdicts(API.data, DT.data), [API, DT])
              + claims.sourced(lab_claims.many_verdicts(MANY.data), MANY)
-             + claims.sourced(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF]))
+             + claims.sourced(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF])
+             + claims.sourced(lab_claims.optimised_verdicts(OPT.data), OPT))
 
 # %% [markdown]
 # **What to remember**

@@ -174,10 +174,12 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 boost_m = recorded.live_or_recorded("04_boost_one_gpu", boost.measure_one_gpu, gpus_needed=1)
 bd = boost_m.data
 nv = bd.get("nvml") or {}
+shares = {case: (nv.get(case) or {}).get("reason_share") for case in ("back to back", "rested")}
+words = sorted({w for share in shares.values() if share for w in share})
 display(pd.DataFrame([{"": case, "ms per step": t, "SM clock (MHz)": (nv.get(case) or {}).get("clock_mhz"),
                        "power (W)": (nv.get(case) or {}).get("power_w"),
                        "temperature (C)": (nv.get(case) or {}).get("temperature_c"),
-                       **{f"{w} (share)": v for w, v in ((nv.get(case) or {}).get("reason_share") or {}).items()}}
+                       **{f"{w} (share)": shares[case].get(w, 0.0) for w in words if shares[case] is not None}}
                       for case, t in (("back to back", bd["one_gpu_ms"]), ("rested", bd["one_gpu_rested_ms"]))]
                      ).set_index("").round(3))
 if not nv.get("back to back"):

@@ -52,7 +52,7 @@ def test_lab01_optimised_program_profiled_on_one_gpu(tmp_path):
     kinds = {k["kind"] for k in data["kernels"]}
     assert data["devices"] == [0] and "compute kernel" in kinds and not kinds & {"nccl", "peer copy"}, data["kernels"]
     cats = {e.get("cat") for e in data["trace"]["traceEvents"]}
-    assert "kernel" in cats and "cuda_runtime" in cats, cats
+    assert "kernel" in cats and cats & {"cuda_runtime", "cuda_driver"}, cats
     assert len(json.dumps(data)) < 2_000_000 and (tmp_path / "full.json").exists()
     assert [v.verdict for v in C01.optimised_verdicts(data)] == ["FALSE", "TRUE"]
     for live in (True, False):
@@ -82,7 +82,7 @@ def test_lab04_nvml_clock_event_reasons_are_read():
 
 
 def test_lab04_back_to_back_and_rested_on_one_gpu():
-    cfg = {"n_layers": 2, "hidden": 2048, "rows": 2048, "warmup": 1, "repeat": 3}
+    cfg = {"n_layers": 2, "hidden": 4096, "rows": 8192, "warmup": 1, "repeat": 3}   # ~20 ms a step on an H200
     data = _stored(boost.measure_one_gpu(cfg))
     assert len(data["one_gpu_samples_ms"]) == 3 and len(data["one_gpu_rested_samples_ms"]) == 3
     assert data["rest_ms"] == pytest.approx(data["one_gpu_ms"])
@@ -94,7 +94,7 @@ def test_lab04_back_to_back_and_rested_on_one_gpu():
 
 
 def test_lab08_plain_step_and_its_memory_on_one_gpu():
-    cfg = {"d_model": 512, "n_heads": 8, "n_layers": 2, "seq": 128, "batch_per_rank": 4, "warmup": 2, "repeat": 3}
+    cfg = {"d_model": 1024, "n_heads": 16, "n_layers": 6, "seq": 128, "batch_per_rank": 4, "warmup": 2, "repeat": 3}
     data = _stored(lab08.plain_step(cfg))
     psi = data["n_params"]
     assert data["weights_bytes"] == pytest.approx(4 * psi, rel=0.02)

@@ -37,15 +37,18 @@ class NvmlProbe:
         self.query_reasons = hw.clock_event_reasons_query(pynvml)
 
     def read(self) -> dict | None:
-        """``{"clock_mhz", "power_w", "temperature_c", "reasons"}`` now (``reasons``: NVML's bit mask, None
-        where this nvidia-ml-py has no such query), or None where the driver does not answer."""
+        """``{"clock_mhz", "power_w", "temperature_c", "reasons"}`` now (``reasons``: NVML's bit mask; it
+        and the temperature None where this nvidia-ml-py or driver cannot say), or None without clock or power."""
         n = self.nvml
         try:
             out = {"clock_mhz": float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)),
-                   "power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1e3,
-                   "temperature_c": float(n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU))}
+                   "power_w": n.nvmlDeviceGetPowerUsage(self.handle) / 1e3}
         except Exception:  # noqa: BLE001 - a driver without one of the counters
             return None
+        try:
+            out["temperature_c"] = float(n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU))
+        except Exception:  # noqa: BLE001 - a package or driver without the (deprecated) query
+            out["temperature_c"] = None
         try:
             out["reasons"] = self.query_reasons(self.handle) if self.query_reasons else None
         except Exception:  # noqa: BLE001 - a driver without the query: clock and power still count
@@ -107,7 +110,9 @@ def summary(samples: list[dict]) -> dict | None:
     reason was set (``reason_share``; None where the reasons could not be read). None without samples."""
     if not samples:
         return None
-    out = {k: statistics.median(s[k] for s in samples) for k in ("clock_mhz", "power_w", "temperature_c")}
+    out = {k: statistics.median(s[k] for s in samples) for k in ("clock_mhz", "power_w")}
+    temps = [s["temperature_c"] for s in samples if s.get("temperature_c") is not None]
+    out["temperature_c"] = statistics.median(temps) if temps else None
     masks = [s["reasons"] for s in samples if s.get("reasons") is not None]
     share = None
     if masks:

@@ -151,6 +151,11 @@ def _share(summary: dict | None, *words) -> float | None:
     return max([0.0] + [share.get(w, 0.0) for w in words])
 
 
+def _temp(summary: dict) -> str:
+    t = summary.get("temperature_c")
+    return "temperature unknown" if t is None else f"{t:.0f} C"
+
+
 def _reasons(summary: dict) -> str:
     share = summary.get("reason_share") or {}
     return ", ".join(f"{w} {v:.0%}" for w, v in share.items()) or "none"
@@ -172,8 +177,7 @@ def boost_verdicts(bd: dict) -> list[claims.Verdict]:
     out.append(claims.at_least(
         "A GPU that rests between steps computes at a higher SM clock", b["clock_mhz"] / a["clock_mhz"], CLOCK_RATIO,
         figure=f"median SM clock while computing: back to back {a['clock_mhz']:.0f} MHz ({a['power_w']:.0f} W, "
-               f"{a['temperature_c']:.0f} C), rested {b['clock_mhz']:.0f} MHz ({b['power_w']:.0f} W, "
-               f"{b['temperature_c']:.0f} C)"))
+               f"{_temp(a)}), rested {b['clock_mhz']:.0f} MHz ({b['power_w']:.0f} W, {_temp(b)})"))
     cap_a, cap_b = _share(a, POWER_CAP), _share(b, POWER_CAP)
     if cap_a is None or cap_b is None:
         return out
@@ -189,7 +193,7 @@ def boost_verdicts(bd: dict) -> list[claims.Verdict]:
     out.append(claims.at_least(
         "Back to back, a thermal or hardware slowdown holds the SM clock down", heat_a, MOST,
         figure=f"thermal / hardware slowdown in {heat_a:.0%} of the back-to-back readings "
-               f"({a['temperature_c']:.0f} C median)"))
+               f"({_temp(a)}, median)"))
     return out
 
 

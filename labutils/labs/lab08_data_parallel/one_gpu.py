@@ -30,6 +30,10 @@ def plain_step(cfg: dict | None = None, device="cuda:0") -> dict:
     cfg = {**M.BENCH, **(cfg or {})}
     dev = torch.device(device)
     steps.prepare(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):   # bf16 GEMM workspaces
+        a = torch.ones(64, 64, device=dev, requires_grad=True)
+        (a @ a).float().sum().backward()
+    del a
     psi = M.n_params(cfg)
     x, y = M.token_batch(cfg, cfg["batch_per_rank"], seed=0, device=dev)
     base = memory.fresh_baseline(dev)
