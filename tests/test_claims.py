@@ -304,3 +304,53 @@ def test_a_printed_source_must_name_the_recordings():
     body = "VERDICT  TRUE   c | f | rule: r"
     assert _printed_verdicts(f"x\n{body}{claims.SOURCE_SEP}live on {fp}\n{body}\n") == [
         (body, f"live on {fp}"), (body, "")]
+
+
+def _unsourced_calls(source: str) -> list[int]:
+    """Lines of ``claims.show(fn(...))`` / ``claims.table(fn(...))`` that pass a verdict function's fresh
+    result and no source: those verdicts cannot have one (``claims.sourced`` / ``claims.judge`` give it)."""
+    import ast
+    lines = ["pass" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines()]  # IPython magics
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:   # IPython syntax inside the cell (a magic's assignment): not Python to check
+        return []
+    bad = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("show", "table") and getattr(node.func.value, "id", None) == "claims"):
+            continue
+        if len(node.args) > 1 or any(k.arg == "source" for k in node.keywords) or not node.args:
+            continue
+        parts, todo = [], [node.args[0]]
+        while todo:   # the terms of a + b + c
+            x = todo.pop()
+            if isinstance(x, ast.BinOp):
+                todo += [x.left, x.right]
+            else:
+                parts.append(x)
+        fresh = [p for p in parts if isinstance(p, ast.Call)
+                 and not (isinstance(p.func, ast.Attribute) and p.func.attr in ("sourced", "judge"))
+                 and not any(k.arg == "sources" for k in p.keywords)]   # a function that stamps them itself
+        if fresh:
+            bad.append(node.lineno)
+    return bad
+
+
+@pytest.mark.parametrize("src", sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
+def test_notebooks_pass_a_source_to_show_and_table(src):
+    import jupytext
+    nb = jupytext.read(src)
+    bad = [f"  cell {i}, line {ln}: {cell.source.splitlines()[ln - 1].strip()[:100]}"
+           for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and not cell.source.lstrip().startswith("%")
+           for ln in _unsourced_calls(cell.source)]
+    assert not bad, (f"{src.name} shows verdicts without their source (claims.show(verdicts, m) with the "
+                     "Measurement m their data came from):\n" + "\n".join(bad))
+
+
+def test_the_unsourced_call_lint_flags_only_fresh_verdicts():
+    assert _unsourced_calls("claims.show(CLAIMS['x'](m.data))\nclaims.table(claims.sourced(f(a), a) + g(b) + V)\n"
+                            "%ranks push x") == [1, 2]
+    assert _unsourced_calls("claims.show(CLAIMS['x'](m.data), m)\nclaims.table(V)\n"
+                            "claims.table(claims.judge(CLAIMS, a, b))\nclaims.show(claims.sourced(f(a), a) + V)\n"
+                            "claims.show(copy_verdicts(a, b, sources=(a, b)))") == []
