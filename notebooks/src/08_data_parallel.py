@@ -288,8 +288,9 @@ my_prediction_few_ctas_faster = None  # ✍ True, False, or None for "about the 
 # one GPU only: `one_gpu.plain_step` trains the same transformer without DDP on one GPU's share of the batch,
 # times its step, and counts what the allocator holds — the weights, then everything between two steps (the
 # *model states*: weights, gradients, AdamW's two moments), then the peak of one step. Part 3 counts the model
-# states as the ZeRO paper does, 16 bytes per parameter (16Ψ); the first verdict checks that count here, the
-# second asks whether the model states — what ZeRO shards — are most of the memory a step needs.
+# states as the ZeRO paper does, 16 bytes per parameter (16Ψ); the first verdict checks that count on the
+# machine that measured, the second asks whether the model states — what ZeRO shards — are most of the memory
+# a step needs.
 
 # %% tags=["nbval-ignore-output"]
 PLAIN_M = recorded.live_or_recorded("08_plain_one_gpu", one_gpu.plain_step, gpus_needed=1)
@@ -690,7 +691,7 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # GPU-idle column is large, the step is waiting on that CPU thread — FSDP2's per-block work in Python — and
 # the other rank's collectives wait for it, as DDP's did in part 2; prefetching more, which adds CPU work
 # before each block's compute, cannot shorten that; if it is small, the all-gathers were already hidden.
-# Either way the last verdict reports what explicit prefetching did here.
+# Either way the last verdict reports what explicit prefetching did on the machine that measured.
 
 # %% [markdown]
 # ## Summary
