@@ -13,8 +13,9 @@
 #    the second source's "shrink before you send") with verdicts computed from the measurements.
 #
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink).
-# With 1 GPU the single-device parts run live; on a CPU-only machine every GPU result is the
-# recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# With 1 GPU the single-device parts run live (the "optimised" program's CUDA trace among them); on a
+# CPU-only machine every GPU result is the recording made by this notebook's own code, labelled
+# **RECORDED** with the machine that made it.
 # **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 8 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]

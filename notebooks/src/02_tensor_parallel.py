@@ -16,9 +16,10 @@
 #    row-parallel layers and the MLP from them, check each against `nn.Linear` on every rank, gradients
 #    included, and measure when tensor parallelism pays — and what its all-reduce costs inside a step.
 #
-# **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). On one GPU
-# or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
-# recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). One GPU runs
+# the one-GPU MLP baseline (section 5) live; on fewer GPUs than a measurement needs, every correctness cell
+# runs live on gloo ranks and the measurement is the recording made by this notebook's own code, labelled
+# **RECORDED**.
 #
 # **Time:** 90 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 15 s on a
 # 2-core CPU.

@@ -11,8 +11,9 @@
 # 3. Run the same model with `torch.distributed.pipelining` (GPipe and 1F1B), predict each stage's peak memory
 #    from its parts, and write the 1F1B loop yourself.
 #
-# **GPUs needed for the live path:** 2 (every measurement). With 1 GPU or none, every correctness check runs
-# live (gloo ranks on CPU tensors) and the measurements are the ones recorded on 2×H200, labelled so.
+# **GPUs needed for the live path:** 2; one GPU runs the back-to-back vs rested steps with NVML's clock-event
+# reasons (part 1) live. Every correctness check runs live everywhere (gloo ranks on CPU tensors); a
+# measurement that needs more GPUs than the machine has is the one this notebook recorded, labelled so.
 #
 # **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
 # about 15 s on a 2-core CPU.

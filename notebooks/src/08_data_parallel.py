@@ -17,9 +17,9 @@
 #    `reduce_scatter_tensor` and `all_gather_into_tensor`; predict memory per GPU and bytes communicated,
 #    measure both, and compare with FSDP2 (ZeRO-3).
 #
-# **GPUs needed for the live path:** 2 (written for any number). With one GPU or none, every algorithm is
-# checked live on gloo ranks (CPU tensors) and the measurements are the ones this notebook recorded on
-# 2×H200, labelled **RECORDED**.
+# **GPUs needed for the live path:** 2 (written for any number); one GPU runs the plain model's step and its
+# memory (part 2) live. Every algorithm is checked live on gloo ranks (CPU tensors) everywhere; a measurement
+# that needs more GPUs than the machine has is the one this notebook recorded, labelled **RECORDED**.
 # **Time:** 85 min of study; about 55 s to run on 2×H200 (about 15 s on a 2-core CPU).
 
 # %% [markdown]
