@@ -129,3 +129,20 @@ def test_new_verdicts_print_with_their_source(capsys):
     m = recorded.Measurement("04_boost_one_gpu", _boost(0.9, 0.1), True, "1x GPU | torch x", "2026-12-01")
     claims.show(C04.boost_verdicts(m.data), m)
     assert all(ln.endswith("| source: live on 1x GPU | torch x") for ln in capsys.readouterr().out.splitlines())
+
+
+def test_a_recorded_ddp_timeline_ships_as_a_labelled_trace(tmp_path):
+    from pathlib import Path
+
+    from labutils.labs.lab08_data_parallel import span_trace
+    m = recorded.load("08_ddp", directory=Path(__file__).resolve().parent.parent / "notebooks" / "recorded")
+    per_rank = m.data["traces"]["best"]
+    path = span_trace.write(per_rank, m.source, tmp_path / "08_ddp_best.RECORDED.json")
+    doc = json.loads(path.read_text())
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == sum(len(t["spans"]) for t in per_rank) and doc["otherData"]["source"] == m.source
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert names == {f"rank {r} (recorded)" for r in range(len(per_rank))}
+    assert all(e["dur"] >= 0 for e in events) and path.stat().st_size < 200_000
+    with pytest.raises(ValueError, match="no spans to write.*HINT"):
+        span_trace.write([{"spans": []}], m.source, tmp_path / "x.json")

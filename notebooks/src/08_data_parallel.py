@@ -48,7 +48,7 @@ from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
-from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, verify
+from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, span_trace, verify
 
 HAVE_FSDP2 = hasattr(fsdp, "fully_shard")  # FSDP2: public since torch 2.6
 HW = hw.describe()
@@ -360,7 +360,9 @@ claims.show(lab_claims.ddp_verdicts(D), DDP_M)
 # traced with CUDA activity only, both ranks. Each rank writes a chrome trace (gzip'd JSON,
 # `traces/08_ddp_*_rank*.json.gz` beside this notebook) that opens in [Perfetto](https://ui.perfetto.dev): one
 # row per CUDA stream, the backward's GEMMs on one, `ncclDevKernel_AllReduce…` on NCCL's own, AdamW's kernels
-# after the backward on the first. The plots are drawn from the same traces. The last lines compare the
+# after the backward on the first. The plots are drawn from the same traces. Where the timeline is recorded,
+# the cell writes what the recording keeps of it — its spans, named by kind (compute, NCCL, optimizer), one
+# row per lane — as `traces/08_ddp_*.RECORDED.json`, labelled with the recording's machine and date. The last lines compare the
 # fastest configuration's step timed, traced with CUDA activity only, and traced with CPU activity too.
 
 # %% tags=["nbval-ignore-output"]
@@ -377,6 +379,10 @@ for label in ("best", "one bucket"):
               f"beside compute, tail {tail}")
     if DDP_M.live:
         print("  trace files: " + ", ".join(os.path.relpath(TRACES / t["file"]) for t in per_rank if t["file"]))
+    else:  # the recorded timeline as a trace file, labelled: its spans, named by kind
+        recorded_trace = span_trace.write(per_rank, DDP_M.source,
+                                          TRACES / f"08_ddp_{label.replace(' ', '_')}.RECORDED.json")
+        print(f"  recorded timeline as a trace: {os.path.relpath(recorded_trace)} [{DDP_M.label}]")
     display(plots.timeline_plot([s for t in per_rank for s in t["spans"]],
                                 title=f"DDP, {label} ({where}), {t0['steps']} step(s), CUDA activity only — {DDP_M.label}"))
 cost = overlap.profiler_cost(D)
