@@ -243,7 +243,7 @@ def test_zero_and_fsdp_verdicts_follow_their_thresholds():
     assert [v.verdict for v in f[:4]] == ["TRUE"] * 4
     assert C.fsdp_verdicts(fakes.fsdp(state_ratio=0.6))[0].verdict == "FALSE"
     assert C.fsdp_verdicts(fakes.fsdp(traced=False)) == f  # the profiler summary is shown, not judged
-    assert set(C.CLAIMS) == {"08_ddp", "08_zero", "08_fsdp"}
+    assert set(C.CLAIMS) == {"08_ddp", "08_zero", "08_fsdp", "08_plain_one_gpu"}
 
 
 def test_prediction_checkers(capsys):
