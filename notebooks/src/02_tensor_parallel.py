@@ -943,6 +943,12 @@ print(f"[{BASE.label}] {BASE.data['tokens']} tokens, {BASE.data['dtype']}")
 claims.show(CLAIMS["02_mlp_one_gpu"](BASE.data), BASE)
 
 # %% [markdown]
+# Where the second verdict is FALSE, the narrow layers' steps are not set by their FLOPs: their matmuls are too
+# small to fill the GPU's SMs, and the fixed cost of launching each kernel and running autograd weighs as much as
+# the arithmetic. The explorer's single rate is the widest layer's, so for narrow layers it makes one GPU look
+# faster than it is; its "fixed overhead per step" knob is where that fixed cost goes.
+
+# %% [markdown]
 # ### Explorer: when does tensor parallelism pay?
 # The model of section 5 with your knobs: tokens per step, number of GPUs (the all-reduce is extrapolated from
 # the 2-GPU fit with the ring model — optimistic beyond one NVLink pair), the GPU's sustained TFLOP/s (starts

@@ -189,6 +189,17 @@ print(f"[{boost_m.label}]")
 claims.show(CLAIMS["04_boost_one_gpu"](bd), boost_m)
 
 # %% [markdown]
+# **Reading the reasons.** The software power cap is the driver's power-management algorithm lowering the clock
+# because the power, averaged over a time window, is at the limit it enforces. Being an average, it is where the
+# rest acts: a GPU that idles between steps brings a lower average into the next step, and the cap leaves it a
+# higher clock while it computes. So the reason can be set in both cases (the fourth verdict FALSE) while the
+# clocks differ (the second verdict): the cap is the limit either way, and the rest changes how high it lets the
+# clock go. NVML's power reading is an average over a window too (about a second on this GPU generation), so the
+# power column mixes the computing and what came before it; the reasons, read at each sample, are what say which
+# limit acted. A thermal or hardware slowdown would be a different cause, with a different cure (cooling, not
+# duty); the last verdict says whether one acted.
+
+# %% [markdown]
 # ## 2 · The same split across ranks: send and recv
 #
 # With one process per GPU, `.to()` becomes `dist.send` / `dist.recv`, and autograd no longer sees the whole

@@ -302,6 +302,13 @@ display(pd.DataFrame({"GiB": {"weights": P["weights_bytes"] / 2**30, "model stat
                               "peak of a step": P["peak_bytes"] / 2**30}}).round(2))
 claims.show(lab_claims.plain_verdicts(P), PLAIN_M)
 
+# %% [markdown]
+# The peak of a step holds the model states *and* what the step itself keeps alive: every block's activations
+# from the forward until the backward has used them, plus the temporaries of the largest operations. ZeRO and
+# FSDP (part 3) shard the model states only. Where the second verdict is FALSE, the activations are most of the
+# peak, and sharding the states leaves them as they are: activation checkpointing (recompute instead of keep),
+# smaller micro-batches, or splitting the sequence (lab 09) are what shrink them.
+
 # %% tags=["nbval-ignore-output"]
 DDP_M = recorded.live_or_recorded("08_ddp", lambda: measure.ddp(POOL, trace_dir=TRACES), gpus_needed=2)
 D = DDP_M.data
