@@ -930,7 +930,7 @@ pd.DataFrame(SUMMARY.data["ops"]).set_index("what")
 # ### The one-GPU baseline
 # Every speedup above is measured against the whole MLP on one GPU, and that baseline needs one GPU only:
 # `one_gpu.mlp_baseline` times it, forward and forward + backward, at every hidden size of the sweep, and turns
-# each time into the TFLOP/s it sustains (`cost_model.mlp_flops`: 2 matmuls × 2 × tokens × h × 4h forward,
+# each time into the TFLOP/s it sustains (`cost_model.mlp_flops`: `2 matmuls × 2 × tokens × h × 4h` forward,
 # three times that with backward). The explorer below models a layer with *one* sustained rate; the verdicts
 # say whether the GPU keeps one: a wide layer's time should grow as its FLOPs, and a narrow one, whose matmuls
 # are too small to fill the GPU, runs at a lower rate.

@@ -165,11 +165,12 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 #
 # ### On one GPU: which limit holds the clock
 # The rest needs no second GPU. `boost.measure_one_gpu` runs the same one-GPU step back to back and resting a
-# step's time before each step, and reads NVML every 5 ms while the GPU computes: the SM clock, the power, the
-# temperature and the clock-event reasons (`nvmlDeviceGetCurrentClocksEventReasons`, one bit per limit that holds
-# the clock: the power cap, a thermal slowdown, a hardware slowdown, ...). Whether power is what holds the clock
-# back to back is decided by the reasons the driver reports, not by the power reading: a GPU drawing less than
-# its limit can still be held by another one. The table gives the share of the readings in which each reason was set.
+# step's time before each step, and reads NVML every few milliseconds (`boost.PERIOD_S`) while the GPU
+# computes: the SM clock, the power, the temperature and the clock-event reasons
+# (`nvmlDeviceGetCurrentClocksEventReasons`, one bit per limit that holds the clock: the power cap, a thermal
+# slowdown, a hardware slowdown, ...). Whether power is what holds the clock is decided by the reasons the
+# driver reports, not by the power reading (an average, see below). The table gives the share of the readings
+# in which each reason was set.
 
 # %% tags=["nbval-ignore-output"]
 boost_m = recorded.live_or_recorded("04_boost_one_gpu", boost.measure_one_gpu, gpus_needed=1)
