@@ -101,6 +101,40 @@ def summarize_nvlinks(links: list[tuple[int, int]], hopper: bool = False) -> dic
     return {"links": len(links), "remote": remote, "version": version}
 
 
+# nvmlClocksEventReasons (nvml.h): why the SM clock is where it is, one bit per reason.
+CLOCK_EVENT_REASONS = {0x1: "GPU idle", 0x2: "applications clocks setting", 0x4: "software power cap",
+                       0x8: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal slowdown",
+                       0x40: "hardware thermal slowdown", 0x80: "hardware power brake",
+                       0x100: "display clock setting"}
+
+
+def clock_event_reasons_query(pynvml):
+    """NVML's query of the current clock-event reasons (a bit mask, ``CLOCK_EVENT_REASONS``) under the name
+    the installed nvidia-ml-py has: ``nvmlDeviceGetCurrentClocksEventReasons``, called
+    ``nvmlDeviceGetCurrentClocksThrottleReasons`` before NVML 12 (a new nvidia-ml-py on an old driver has the
+    new name but not the driver's function: the old name is tried then). None if it has neither."""
+    names = [n for n in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+             if hasattr(pynvml, n)]
+    if not names:
+        return None
+
+    def query(handle) -> int:
+        for name in names[:-1]:
+            try:
+                return int(getattr(pynvml, name)(handle))
+            except Exception:  # noqa: BLE001 - the driver lacks this name: try the next one
+                pass
+        return int(getattr(pynvml, names[-1])(handle))
+    return query
+
+
+def reason_words(mask: int) -> list[str]:
+    """The reasons set in a clock-event bit mask, in words (unknown bits as ``"0x..."``)."""
+    words = [w for bit, w in CLOCK_EVENT_REASONS.items() if mask & bit]
+    rest = mask & ~sum(CLOCK_EVENT_REASONS)
+    return words + ([hex(rest)] if rest else [])
+
+
 def nvml_nvlinks(n_gpus: int) -> dict[int, dict]:
     """``{gpu: summarize_nvlinks(...)}`` for GPUs ``0 .. n_gpus-1`` (NVML's index order) with at least
     one active link, read through ``pynvml`` (package nvidia-ml-py). ``{}`` when NVML, the driver or

@@ -303,6 +303,8 @@ def test_verdicts_work_on_the_recordings():
     """Old recordings lack the newer fields: the verdicts that need them are left out, the others hold."""
     from labutils import recorded
     for name, fn in lab_claims.CLAIMS.items():
+        if not (recorded.recorded_dir() / f"{name}.json").exists():
+            continue   # not recorded yet: test_claims names it
         verdicts = fn(recorded.load(name).data)
         assert verdicts and all(isinstance(x, claims.Verdict) for x in verdicts)
 

@@ -311,6 +311,8 @@ def test_comm_summary_keeps_lab06_fields_and_documents_them():
 def test_every_recording_gives_verdicts():
     for key, fn in CLAIMS.items():
         names = (key,) if isinstance(key, str) else key
+        if not all((RECORDED / f"{n}.json").exists() for n in names):
+            continue   # not recorded yet: test_claims names it
         verdicts = fn(*[json.loads((RECORDED / f"{n}.json").read_text())["data"] for n in names])
         assert verdicts and all(v.verdict in (claims.TRUE, claims.FALSE, "UNTESTED") for v in verdicts)
 

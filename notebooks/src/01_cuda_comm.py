@@ -13,8 +13,9 @@
 #    the second source's "shrink before you send") with verdicts computed from the measurements.
 #
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink).
-# With 1 GPU the single-device parts run live; on a CPU-only machine every GPU result is the
-# recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# With 1 GPU the single-device parts run live (the "optimised" program's CUDA trace among them); on a
+# CPU-only machine every GPU result is the recording made by this notebook's own code, labelled
+# **RECORDED** with the machine that made it.
 # **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 8 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
@@ -26,7 +27,7 @@ import pandas as pd
 import torch
 
 from labutils import bandwidth, claims, hw, plots, recorded
-from labutils.labs.lab01_cuda_comm import analysis, devices, measure, verify
+from labutils.labs.lab01_cuda_comm import analysis, devices, measure, one_gpu, verify
 from labutils.labs.lab01_cuda_comm import claims as lab_claims
 from labutils.checks import lab01 as check
 
@@ -293,22 +294,38 @@ PROF = recorded.live_or_recorded("01_profile", profile_everything, gpus_needed=2
 print(PROF.data["program"]["table"])
 
 # %% [markdown]
+# **One GPU is enough for the "optimised" program.** It runs entirely on `cuda:0`, so a machine with one
+# GPU profiles it live: CPU and CUDA activities, one call after a warm-up (`one_gpu.profile_program`), its
+# trace kept. The verdicts read what ran off that trace: the source says the program communicates; a
+# transfer would show up as an NCCL kernel or a copy.
+
+# %% tags=["nbval-ignore-output"]
+def profile_optimised_one_gpu():
+    x, y = torch.randn(32, 1000, device="cuda:0"), torch.randn(32, 1000, device="cuda:0")
+    return one_gpu.profile_program(lambda: communication_function_optimised(x, y), devices.gpu_setup(1))
+
+
+OPT = recorded.live_or_recorded("01_optimised_one_gpu", profile_optimised_one_gpu, gpus_needed=1)
+print(f"what the \"optimised\" program ran on the GPU [{OPT.label}]:")
+display(pd.DataFrame(OPT.data["kernels"]).round(1))
+claims.show(lab_claims.optimised_verdicts(OPT.data), OPT)
+
+# %% [markdown]
 # **The trace.** Open the file below in <https://ui.perfetto.dev> ("Open trace file") or in
-# Chrome at `chrome://tracing` ("Load"): one row per GPU stream, the NCCL kernels of the
-# broadcast and of the all-reduce running on both GPUs at once. Without GPUs this cell writes a
-# CPU-only trace of the same arithmetic, so that you can try the viewer.
+# Chrome at `chrome://tracing` ("Load"). With two GPUs it is the corrected program's: one row per
+# GPU stream, the NCCL kernels of the broadcast and of the all-reduce running on both GPUs at once.
+# With one GPU it is the "optimised" program's, taken live just above: one GPU, elementwise kernels
+# only. Without a GPU it is that same trace as the recording machine took it, shipped in the recording
+# and written here with `RECORDED` in its file name and on its process labels, so that you open a real
+# CUDA trace all the same.
 
 # %% tags=["nbval-ignore-output"]
 if PROF.live:
-    trace = TRACES / "01_source_fixed.json"
+    trace, trace_from = TRACES / "01_source_fixed.json", PROF
 else:
-    from torch.profiler import ProfilerActivity, profile
-
-    trace = TRACES / "01_cpu_only.json"
-    with profile(activities=[ProfilerActivity.CPU]) as cpu_prof:
-        (a0 + b0).sum()
-    cpu_prof.export_chrome_trace(str(trace))
-print(f"trace: {os.path.relpath(trace)} ({trace.stat().st_size / 1e3:.0f} kB), beside this notebook")
+    trace, trace_from = one_gpu.write_trace(OPT, TRACES), OPT
+print(f"trace: {os.path.relpath(trace)} ({trace.stat().st_size / 1e3:.0f} kB), beside this notebook "
+      f"[{trace_from.label}]")
 
 # %% [markdown]
 # **Which kernels run.** NCCL calls show up as `ncclDevKernel_…` kernels on every GPU involved;
@@ -397,7 +414,7 @@ pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
 # bandwidth (≥ 0.9). And the model is judged like lab 00's: one α and one β within 25% at every size.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.tip1_verdicts(SWEEP.data))
+claims.show(lab_claims.tip1_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Far below $n_{1/2}$ the time hardly changes with size (the table's first rows): the bytes are
@@ -431,7 +448,7 @@ claims.show(lab_claims.tip1_verdicts(SWEEP.data))
 # at the largest size measured and at the smallest.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.shrink_verdicts(SWEEP.data))
+claims.show(lab_claims.shrink_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Well above $n_{1/2}$ time follows bytes, so shrinking pays in proportion; far below it the
@@ -470,7 +487,7 @@ plots.bar_plot(list(dt_ms), list(dt_ms.values()), ylabel="time (ms)", annotate="
 
 # %% tags=["nbval-ignore-output"]
 print(f"your prediction of fp16 / fp32: {my_prediction_fp16_ratio}")
-claims.show(lab_claims.dtype_verdicts(API.data, DT.data))
+claims.show(lab_claims.dtype_verdicts(API.data, DT.data), [API, DT])
 
 # %% [markdown]
 # **Explain.** Payload bytes set the time of a large transfer, so a narrower dtype is the real
@@ -520,7 +537,7 @@ pd.DataFrame({"tensors": counts, "loop (ms)": [t["median_ms"] for t in MANY.data
 # time if they account for at least half of it.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.many_verdicts(MANY.data))
+claims.show(lab_claims.many_verdicts(MANY.data), MANY)
 
 # %% [markdown]
 # **Explain.** Each call pays a fixed cost (Python, an output allocation, an NCCL group launch), so a loop
@@ -621,14 +638,14 @@ pd.DataFrame({bandwidth.format_size(s) + " (us)": {case: ts[i]["median_ms"] * 1e
 # all-reduce's shows it; a redundant copy, or a slower path, must cost at least 20% or 10% more, beyond noise):
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data))
+claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF])
 
 # %% [markdown]
 # And the fallback's copies against NCCL: between two GPUs, is a plain peer copy slower than NCCL's
 # broadcast kernel? From the sweep of section 4.1, at the large sizes (no worse means a ratio of at least 1):
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.peer_copy_verdicts(SWEEP.data))
+claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source tensor
@@ -712,8 +729,11 @@ widgets.interact(explore,
 # Every verdict of this lab, with the numbers behind it:
 
 # %% tags=["nbval-ignore-output"]
-claims.table(lab_claims.sweep_verdicts(SWEEP.data) + lab_claims.dtype_verdicts(API.data, DT.data)
-             + lab_claims.many_verdicts(MANY.data) + lab_claims.redundant_verdicts(RED.data, PROF.data))
+claims.table(claims.sourced(lab_claims.sweep_verdicts(SWEEP.data), SWEEP)
+             + claims.sourced(lab_claims.dtype_verdicts(API.data, DT.data), [API, DT])
+             + claims.sourced(lab_claims.many_verdicts(MANY.data), MANY)
+             + claims.sourced(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF])
+             + claims.sourced(lab_claims.optimised_verdicts(OPT.data), OPT))
 
 # %% [markdown]
 # **What to remember**

@@ -16,9 +16,10 @@
 #    row-parallel layers and the MLP from them, check each against `nn.Linear` on every rank, gradients
 #    included, and measure when tensor parallelism pays — and what its all-reduce costs inside a step.
 #
-# **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). On one GPU
-# or a CPU-only machine, every correctness cell runs live on gloo ranks and every measurement is the
-# recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). One GPU runs
+# the one-GPU MLP baseline (section 5) live; on fewer GPUs than a measurement needs, every correctness cell
+# runs live on gloo ranks and the measurement is the recording made by this notebook's own code, labelled
+# **RECORDED**.
 #
 # **Time:** 90 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 15 s on a
 # 2-core CPU.
@@ -48,7 +49,7 @@ from labutils import bandwidth, claims, compat, hw, plots, recorded
 from labutils.checks import lab02 as check
 from labutils.config import rank_device
 from labutils.instruments import compare
-from labutils.labs.lab02_tensor_parallel import cost_model, measure, paths, script, steps, verify
+from labutils.labs.lab02_tensor_parallel import cost_model, measure, one_gpu, paths, script, steps, verify
 from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_train_ms,
                                                         paths_verdicts, sweep_verdicts)
 
@@ -124,7 +125,7 @@ pd.DataFrame({where: {"exit code": run.get("returncode"), "exception": run.get("
                       "seconds": run.get("seconds")} for where, run in RUNS.items()})
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data))
+claims.show(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data), AS_WRITTEN)
 print("\nthe end of what the program wrote on this machine:\n")
 print(list(RUNS.values())[-1].get("output_tail", "(not recorded)"))
 
@@ -307,7 +308,7 @@ pd.DataFrame({(op, what): [v * 1e3 if what == "time (µs)" else v for v in OPS[o
              index=pd.Index([bandwidth.format_size(s) for s in sizes], name="S")).round(1)
 
 # %% tags=["nbval-ignore-output"]
-claims.show(sweep_verdicts(SWEEP.data))
+claims.show(sweep_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **What the numbers say.** Every call pays a fixed cost — the host's work to issue it, the launch of NCCL's
@@ -354,7 +355,7 @@ if LINK:
                            title=f"{bandwidth.format_size(LINK['size_bytes'])} between two GPUs, every path — "
                                  f"{SWEEP.label}"))
     display(link_rows[["engine", "directions", "ctas", "time_ms", "gbps_per_direction", "spread"]].round(3))
-    claims.show(paths_verdicts(LINK))
+    claims.show(paths_verdicts(LINK), SWEEP)
 else:
     print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
 
@@ -427,7 +428,7 @@ for path in ("tensor", "object"):
     b = link.get(f"{path}_link_bytes_per_call")
     print(f"NVLink bytes per call, {path} path, {bandwidth.format_size(link['size_bytes'])} per rank: "
           + (f"{b / link['payload_bytes_per_call']:.3f} x the payload" if b is not None else "no NVML counter here"))
-claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data))
+claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data), OBJ)
 
 # %% [markdown]
 # **Verdict.** The first line judges the claim by the bytes: if NCCL serialised a tensor, NVLink would carry
@@ -578,7 +579,7 @@ display(pd.DataFrame({"step (ms)": step, "compute per rank (ms)": [[round(x, 3) 
                       "all_gather per rank (ms)": [[round(x, 3) for x in g] for g in d["all_gather_ms"]]},
                      index=pd.Index(d["factors"], name="k")).round(3))
 print(f"step at k = {d['factors'][-1]} / step at k = 1: {step[-1] / step[0]:.2f}")
-claims.show(CLAIMS["02_partitions"](PART.data))
+claims.show(CLAIMS["02_partitions"](PART.data), PART)
 
 # %% [markdown]
 # **Reading it.** Rank 0's work grows with k; the fast ranks have the same work at every k, so whatever they
@@ -839,7 +840,7 @@ display(pd.DataFrame({"all-reduce size": [bandwidth.format_size(r["allreduce_byt
                       "speedup fwd+bwd": speed["train"], "model fwd+bwd": model_train},
                      index=pd.Index(hs, name="hidden")).round(3))
 print(f"all_reduce fit from section 2: {FIT}   (largest deviation {FIT.max_rel_err:.0%})")
-claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
+claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data), [SWEEP, TP])
 
 # %% [markdown]
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
@@ -937,17 +938,41 @@ SUMMARY = recorded.live_or_recorded("02_comm_summary", lambda: cost_model.comm_s
 pd.DataFrame(SUMMARY.data["ops"]).set_index("what")
 
 # %% [markdown]
+# ### The one-GPU baseline
+# Every speedup above is measured against the whole MLP on one GPU, and that baseline needs one GPU only:
+# `one_gpu.mlp_baseline` times it, forward and forward + backward, at every hidden size of the sweep, and turns
+# each time into the TFLOP/s it sustains (`cost_model.mlp_flops`: `2 matmuls × 2 × tokens × h × 4h` forward,
+# three times that with backward). The explorer below models a layer with *one* sustained rate; the verdicts
+# say whether the GPU keeps one: a wide layer's time should grow as its FLOPs, and a narrow one, whose matmuls
+# are too small to fill the GPU, runs at a lower rate.
+
+# %% tags=["nbval-ignore-output"]
+BASE = recorded.live_or_recorded("02_mlp_one_gpu", lambda: one_gpu.mlp_baseline(HIDDENS, tokens=TOKENS),
+                                 gpus_needed=1)
+display(pd.DataFrame(BASE.data["rows"]).set_index("hidden").round(2))
+print(f"[{BASE.label}] {BASE.data['tokens']} tokens, {BASE.data['dtype']}")
+claims.show(CLAIMS["02_mlp_one_gpu"](BASE.data), BASE)
+
+# %% [markdown]
+# Where the second verdict is FALSE, the narrow layers' steps are not set by their FLOPs: their matmuls are too
+# small to fill the GPU's SMs, and the fixed cost of launching each kernel and running autograd weighs as much as
+# the arithmetic. The explorer's single rate is the widest layer's, so for narrow layers it makes one GPU look
+# faster than it is; its "fixed overhead per step" knob is where that fixed cost goes.
+
+# %% [markdown]
 # ### Explorer: when does tensor parallelism pay?
 # The model of section 5 with your knobs: tokens per step, number of GPUs (the all-reduce is extrapolated from
 # the 2-GPU fit with the ring model — optimistic beyond one NVLink pair), the GPU's sustained TFLOP/s (starts
-# at the one-GPU MLP's measured rate) and a fixed per-step overhead. Dots: the measurements.
+# at the rate the one-GPU baseline above sustained at its widest, forward + backward) and a fixed per-step
+# overhead. Dots: the measurements.
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
 
-big = TP_ROWS[-1]
-MEASURED_TFLOPS = cost_model.mlp_flops(big["tokens"], big["hidden"], big["ffn_hidden"], train=True) / (
-    big["one_gpu_train_ms"] * 1e-3) / 1e12
+big = BASE.data["rows"][-1]
+MEASURED_TFLOPS = big["train_tflops"]
+print(f"the TFLOP/s slider starts at {MEASURED_TFLOPS:.0f}: the one-GPU MLP at hidden {big['hidden']}, "
+      f"forward + backward [{BASE.label}]; the dots are {TP.label}")
 
 
 def explore(tokens, world_size, tflops, overhead_us, train):
@@ -977,12 +1002,11 @@ widgets.interact(explore,
 # %% [markdown]
 # ## 6 · Summary
 #
-# Every verdict of this lab, from the runs above ("RECORDED" where they came from the 2×H200 recording):
+# Every verdict of this lab, from the runs above; the source column says, row by row, whether its numbers
+# were measured live or come from a recording (which machine, which date):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data) + CLAIMS["02_collectives"](SWEEP.data)
-             + CLAIMS["02_object_vs_tensor"](OBJ.data) + CLAIMS["02_partitions"](PART.data)
-             + CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
+claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, OBJ, PART, (SWEEP, TP), BASE))
 
 # %% [markdown]
 # **Take-aways.** Put tensors where the backend moves them; make every rank agree on the data and the sizes;

@@ -11,8 +11,9 @@
 # 3. Run the same model with `torch.distributed.pipelining` (GPipe and 1F1B), predict each stage's peak memory
 #    from its parts, and write the 1F1B loop yourself.
 #
-# **GPUs needed for the live path:** 2 (every measurement). With 1 GPU or none, every correctness check runs
-# live (gloo ranks on CPU tensors) and the measurements are the ones recorded on 2×H200, labelled so.
+# **GPUs needed for the live path:** 2; one GPU runs the back-to-back vs rested steps with NVML's clock-event
+# reasons (part 1) live. Every correctness check runs live everywhere (gloo ranks on CPU tensors); a
+# measurement that needs more GPUs than the machine has is the one this notebook recorded, labelled so.
 #
 # **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
 # about 15 s on a 2-core CPU.
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 import labutils
 from labutils import bandwidth, claims, hw, plots, recorded
 from labutils.checks import lab04 as check
-from labutils.labs.lab04_pipeline import analysis, measure, model, naive, pipelining, verify
+from labutils.labs.lab04_pipeline import analysis, boost, measure, model, naive, pipelining, verify
 from labutils.labs.lab04_pipeline import schedule as pipeline   # stages, the bubble, schedules, their simulation
 from labutils.labs.lab04_pipeline.claims import CLAIMS, bubble_verdicts, memory_verdicts, traffic_verdicts
 
@@ -136,7 +137,7 @@ display(pd.DataFrame([{"": name, "ms per step": t, "speedup over one GPU back to
 print(f"your prediction: {my_prediction_naive_speedup}   [{naive_m.label}]")
 print("in the split step, " + "; ".join(f"{lane} is busy {1 - idle:.0%} of the step"
                                          for lane, idle in naive_bubble["bubble"].items()))
-claims.show(CLAIMS["04_naive_one_process"](nd))
+claims.show(CLAIMS["04_naive_one_process"](nd), naive_m)
 
 # %% tags=["nbval-ignore-output"]
 plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {naive_m.label}")
@@ -155,12 +156,49 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 # isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second verdict), the
 # split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether the clock is
 # what changed. The clock and power columns show what the GPU chose in each case — a higher clock draws more
-# power while it computes — not which limit made it choose; `nvidia-smi -q -d PERFORMANCE` lists the reasons the
-# driver reports. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the
+# power while it computes — not which limit made it choose: that is what NVML's *clock-event reasons* say, read
+# on one GPU below. (The same effect lurks in every comparison of a busy GPU with a less busy one: compare at the
 # same duty, or the GPU's power management decides the result.)
 #
 # Naive model parallelism lets a model that does not fit one GPU run at all; sharing no work, it cannot make the
 # work itself faster.
+#
+# ### On one GPU: which limit holds the clock
+# The rest needs no second GPU. `boost.measure_one_gpu` runs the same one-GPU step back to back and resting a
+# step's time before each step, and reads NVML every few milliseconds (`boost.PERIOD_S`) while the GPU
+# computes: the SM clock, the power, the temperature and the clock-event reasons
+# (`nvmlDeviceGetCurrentClocksEventReasons`, one bit per limit that holds the clock: the power cap, a thermal
+# slowdown, a hardware slowdown, ...). Whether power is what holds the clock is decided by the reasons the
+# driver reports, not by the power reading (an average, see below). The table gives the share of the readings
+# in which each reason was set.
+
+# %% tags=["nbval-ignore-output"]
+boost_m = recorded.live_or_recorded("04_boost_one_gpu", boost.measure_one_gpu, gpus_needed=1)
+bd = boost_m.data
+nv = bd.get("nvml") or {}
+shares = {case: (nv.get(case) or {}).get("reason_share") for case in ("back to back", "rested")}
+words = sorted({w for share in shares.values() if share for w in share})
+display(pd.DataFrame([{"": case, "ms per step": t, "SM clock (MHz)": (nv.get(case) or {}).get("clock_mhz"),
+                       "power (W)": (nv.get(case) or {}).get("power_w"),
+                       "temperature (C)": (nv.get(case) or {}).get("temperature_c"),
+                       **{f"{w} (share)": shares[case].get(w, 0.0) for w in words if shares[case] is not None}}
+                      for case, t in (("back to back", bd["one_gpu_ms"]), ("rested", bd["one_gpu_rested_ms"]))]
+                     ).set_index("").round(3))
+if not nv.get("back to back"):
+    print("NVML could not be read here: step times only.")
+print(f"[{boost_m.label}]")
+claims.show(CLAIMS["04_boost_one_gpu"](bd), boost_m)
+
+# %% [markdown]
+# **Reading the reasons.** The software power cap is the driver's power-management algorithm lowering the clock
+# because the power, averaged over a time window, is at the limit it enforces. Being an average, it is where the
+# rest acts: a GPU that idles between steps brings a lower average into the next step, and the cap leaves it a
+# higher clock while it computes. So the reason can be set in both cases (the fourth verdict FALSE) while the
+# clocks differ (the second verdict): the cap is the limit either way, and the rest changes how high it lets the
+# clock go. NVML's power reading is an average over a window too (about a second on this GPU generation), so the
+# power column mixes the computing and what came before it; the reasons, read at each sample, are what say which
+# limit acted. A thermal or hardware slowdown would be a different cause, with a different cure (cooling, not
+# duty); the last verdict says whether one acted.
 
 # %% [markdown]
 # ## 2 · The same split across ranks: send and recv
@@ -401,7 +439,7 @@ busy = [b[0] for b in B["busy_ms_per_rank"]]
 print("stage 0's compute per step (sum of its spans): " +
       ", ".join(f"m = {m}: {b:.1f} ms" for m, b in zip(ms, busy)))
 print(f"your predictions at m = 8: bubble {my_prediction_bubble_m8}, speedup {my_prediction_speedup_m8}")
-claims.show(bubble_verdicts(B))
+claims.show(bubble_verdicts(B), bench)
 
 # %% [markdown]
 # **What the numbers say.** With few, large micro-batches the per-micro-batch costs that the formula leaves out
@@ -438,7 +476,7 @@ display(pd.DataFrame({"message": [bandwidth.format_size(s) for s in p2p["size_by
                       "share of the step (%)": [100 * m * (f + b) / t for m, f, b, t in
                                                 zip(ms, p2p["fwd_ms"], p2p["bwd_ms"], B["step_ms"])]},
                      index=pd.Index(ms, name="m")).round(3))
-claims.show(traffic_verdicts(B))
+claims.show(traffic_verdicts(B), bench)
 
 # %% [markdown]
 # **Verdict on "only pass the necessary features".** The two verdicts above judge the claim in bytes (the
@@ -523,7 +561,7 @@ else:
     display(pd.DataFrame(table).T.round(2))
     print(f"step time at m = {m_s}: ours {B['step_ms'][ms.index(m_s)]:.1f} ms, " +
           ", ".join(f"torch {k} {v:.1f} ms" for k, v in B["schedules_ms"].items()))
-claims.show(memory_verdicts(B))
+claims.show(memory_verdicts(B), bench)
 
 # %% tags=["nbval-ignore-output"]
 if mem["one micro-batch kept"][0] is not None:
@@ -535,7 +573,7 @@ if mem["one micro-batch kept"][0] is not None:
 # %% [markdown]
 # **What the memory says.** GPipe keeps every micro-batch's activations until the backward starts, so its peak
 # grows with m on every stage; 1F1B starts backwards early and caps stage s at p − s micro-batches (the last
-# stage: one) — the same bubble in the schedule (the step times printed above show what each took here) for less
+# stage: one) — the same bubble in the schedule (the step times printed above show what each took on the machine that measured) for less
 # memory, which is why Megatron-LM trains with it. The fewer activations a stage holds, the larger the share of
 # its peak that the backward's own needs take — a weight-sized temporary per weight being accumulated — and a
 # prediction that counts only activations misses them.
@@ -598,7 +636,7 @@ widgets.interactive(explore,
 # The claims of this lab, judged from the numbers measured above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["04_naive_one_process"](nd) + CLAIMS["04_pipeline_bench"](B))
+claims.table(claims.judge(CLAIMS, naive_m, bench, boost_m))
 
 # %% [markdown]
 # * Splitting a model over GPUs computes exactly the same thing (checked to float64 precision, forward and

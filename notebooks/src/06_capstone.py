@@ -754,7 +754,7 @@ if "02" in LABS:
 # reduced at its causes — uneven work between the ranks, and hosts that reach the call at different instants
 # (a step captured in a CUDA graph has no host launches left inside it) — and measured again.
 #
-# ## 9 · What to use when — from your numbers
+# ## 9 · What to use when — from the measured numbers
 #
 # Several goals can be reached with different collectives. The table times each option from section 3's
 # sweep (eager, in ranks before the capture and never profiled; log-log interpolation between measured sizes) at a

@@ -17,9 +17,9 @@
 #    `reduce_scatter_tensor` and `all_gather_into_tensor`; predict memory per GPU and bytes communicated,
 #    measure both, and compare with FSDP2 (ZeRO-3).
 #
-# **GPUs needed for the live path:** 2 (written for any number). With one GPU or none, every algorithm is
-# checked live on gloo ranks (CPU tensors) and the measurements are the ones this notebook recorded on
-# 2×H200, labelled **RECORDED**.
+# **GPUs needed for the live path:** 2 (written for any number); one GPU runs the plain model's step and its
+# memory (part 2) live. Every algorithm is checked live on gloo ranks (CPU tensors) everywhere; a measurement
+# that needs more GPUs than the machine has is the one this notebook recorded, labelled **RECORDED**.
 # **Time:** 85 min of study; about 55 s to run on 2×H200 (about 15 s on a 2-core CPU).
 
 # %% [markdown]
@@ -49,7 +49,7 @@ from labutils.config import rank_device
 from labutils.instruments import compare
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
-from labutils.labs.lab08_data_parallel import measure, memory, model, overlap, verify
+from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, span_trace, verify
 
 HAVE_FSDP2 = hasattr(fsdp, "fully_shard")  # FSDP2: public since torch 2.6
 HW = hw.describe()
@@ -288,6 +288,32 @@ my_prediction_ddp_speedup = None  # ✍ your number, e.g. 2.0 for twice one GPU'
 my_prediction_hidden = None  # ✍ your number, a fraction between 0 and 1
 my_prediction_few_ctas_faster = None  # ✍ True, False, or None for "about the same"
 
+# %% [markdown]
+# **One GPU first.** Every DDP number below is compared with the plain model on one GPU, and that baseline needs
+# one GPU only: `one_gpu.plain_step` trains the same transformer without DDP on one GPU's share of the batch,
+# times its step, and counts what the allocator holds — the weights, then everything between two steps (the
+# *model states*: weights, gradients, AdamW's two moments), then the peak of one step. Part 3 counts the model
+# states as the ZeRO paper does, 16 bytes per parameter (16Ψ); the first verdict checks that count on the
+# machine that measured, the second asks whether the model states — what ZeRO shards — are most of the memory
+# a step needs.
+
+# %% tags=["nbval-ignore-output"]
+PLAIN_M = recorded.live_or_recorded("08_plain_one_gpu", one_gpu.plain_step, gpus_needed=1)
+P = PLAIN_M.data
+print(f"{P['n_params'] / 1e6:.0f} M parameters on one {P['gpu']}: {P['step_ms']:.1f} ms per step "
+      f"({P['config']['batch_per_rank']} sequences of {P['config']['seq']} tokens)   [{PLAIN_M.label}]")
+display(pd.DataFrame({"GiB": {"weights": P["weights_bytes"] / 2**30, "model states (between steps)":
+                              P["state_bytes"] / 2**30, "16Ψ (ZeRO paper)": P["predicted_state_bytes"] / 2**30,
+                              "peak of a step": P["peak_bytes"] / 2**30}}).round(2))
+claims.show(lab_claims.plain_verdicts(P), PLAIN_M)
+
+# %% [markdown]
+# The peak of a step holds the model states *and* what the step itself keeps alive: every block's activations
+# from the forward until the backward has used them, plus the temporaries of the largest operations. ZeRO and
+# FSDP (part 3) shard the model states only. Where the second verdict is FALSE, the activations are most of the
+# peak, and sharding the states leaves them as they are: activation checkpointing (recompute instead of keep),
+# smaller micro-batches, or splitting the sequence (lab 09) are what shrink them.
+
 # %% tags=["nbval-ignore-output"]
 DDP_M = recorded.live_or_recorded("08_ddp", lambda: measure.ddp(POOL, trace_dir=TRACES), gpus_needed=2)
 D = DDP_M.data
@@ -320,7 +346,7 @@ plots.line_plot(caps, {"DDP step": [r["step_ms"] for r in caps_rows],
                 prediction=star, title=f"DDP step vs bucket size, NCCL's default CTAs — {DDP_M.label}")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.ddp_verdicts(D))
+claims.show(lab_claims.ddp_verdicts(D), DDP_M)
 
 # %% [markdown]
 # **The thresholds.** At least 1.85 times one GPU's throughput on 2 GPUs, and at least 70% of the all-reduce's
@@ -346,7 +372,9 @@ claims.show(lab_claims.ddp_verdicts(D))
 # traced with CUDA activity only, both ranks. Each rank writes a chrome trace (gzip'd JSON,
 # `traces/08_ddp_*_rank*.json.gz` beside this notebook) that opens in [Perfetto](https://ui.perfetto.dev): one
 # row per CUDA stream, the backward's GEMMs on one, `ncclDevKernel_AllReduce…` on NCCL's own, AdamW's kernels
-# after the backward on the first. The plots are drawn from the same traces. The last lines compare the
+# after the backward on the first. The plots are drawn from the same traces. Where the timeline is recorded,
+# the cell writes what the recording keeps of it — its spans, named by kind (compute, NCCL, optimizer), one
+# row per lane — as `traces/08_ddp_*.RECORDED.json`, labelled with the recording's machine and date. The last lines compare the
 # fastest configuration's step timed, traced with CUDA activity only, and traced with CPU activity too.
 
 # %% tags=["nbval-ignore-output"]
@@ -363,6 +391,10 @@ for label in ("best", "one bucket"):
               f"beside compute, tail {tail}")
     if DDP_M.live:
         print("  trace files: " + ", ".join(os.path.relpath(TRACES / t["file"]) for t in per_rank if t["file"]))
+    else:  # the recorded timeline as a trace file, labelled: its spans, named by kind
+        recorded_trace = span_trace.write(per_rank, DDP_M.source,
+                                          TRACES / f"08_ddp_{label.replace(' ', '_')}.RECORDED.json")
+        print(f"  recorded timeline as a trace: {os.path.relpath(recorded_trace)} [{DDP_M.label}]")
     display(plots.timeline_plot([s for t in per_rank for s in t["spans"]],
                                 title=f"DDP, {label} ({where}), {t0['steps']} step(s), CUDA activity only — {DDP_M.label}"))
 cost = overlap.profiler_cost(D)
@@ -560,7 +592,7 @@ pd.DataFrame([{"scheme": r["scheme"] + (" (by hand)" if r["scheme"] == "DDP" els
               for r in Z["rows"]]).style.format(precision=3).hide(axis="index")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.zero_verdicts(Z))
+claims.show(lab_claims.zero_verdicts(Z), ZERO_M)
 
 # %% [markdown]
 # **What this says.** The formula counts the model states only; the measurement adds the batch's activations
@@ -656,7 +688,7 @@ plots.bar_plot(names, [r["state_bytes"] / 2**30 for r in FS["rows"]], ylabel="Gi
                title=f"weights + gradients + Adam state per GPU — {FSDP_M.label}")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.fsdp_verdicts(FS))
+claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 
 # %% [markdown]
 # **What this says.** FSDP2 shards the weights, the gradients and Adam's state, so its state per GPU is
@@ -681,14 +713,14 @@ claims.show(lab_claims.fsdp_verdicts(FS))
 # GPU-idle column is large, the step is waiting on that CPU thread — FSDP2's per-block work in Python — and
 # the other rank's collectives wait for it, as DDP's did in part 2; prefetching more, which adds CPU work
 # before each block's compute, cannot shorten that; if it is small, the all-gathers were already hidden.
-# Either way the last verdict reports what explicit prefetching did here.
+# Either way the last verdict reports what explicit prefetching did on the machine that measured.
 
 # %% [markdown]
 # ## Summary
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(lab_claims.ddp_verdicts(D) + lab_claims.zero_verdicts(Z) + lab_claims.fsdp_verdicts(FS))
+claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 
 # %% [markdown]
 # * The source's §2.1 is data parallelism: replicate, split the batch, all-reduce the gradients — and the

@@ -804,7 +804,7 @@ claims.show(CLAIMS["09_sp_block"](SPM.data))
 # the table. The peak also holds transients SP does not shrink: the row-parallel layer's partial sum covers
 # the whole sequence until the reduce-scatter, and backward all-gathers the gradient of the whole output.
 # Time: the same bytes cross the link, split into two collectives instead of one; whether that costs anything
-# on this machine is the last verdict.
+# on the machine that measured is the last verdict.
 #
 # In a whole transformer layer the replicated part is larger — attention's LayerNorm, two dropouts, two
 # residuals. Korthikanti et al. count a layer's activations as s·b·h·(34 + 5·a·s/h) bytes (16-bit values,
@@ -993,7 +993,7 @@ claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe"
 # * `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` and `SequenceParallel` produces the same
 #   layers and the same collectives; `Partial` placements make the pending sums explicit. Its dispatch and
 #   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan, whose
-#   verdict at the largest layer says whether the layers measured here had enough.
+#   verdict at the largest layer says whether the layers it measured had enough.
 #
 # **Next:** lab 10, scaling out. The plans of section 4 and lab 08's `fully_shard` combine on a 2-D mesh
 # (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and sequence

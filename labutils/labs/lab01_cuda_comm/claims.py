@@ -178,8 +178,31 @@ def redundant_verdicts(redundant: dict, profile: dict) -> list[claims.Verdict]:
     return out
 
 
+# ---- the "optimised" program on one GPU (one_gpu.profile_program) -----------------------------------------
+def optimised_verdicts(optimised: dict) -> list[claims.Verdict]:
+    """What the CUDA trace of the source's "optimised" program (both tensors on ``cuda:0``) shows."""
+    kernels = optimised["kernels"]
+    count = {kind: sum(k["count"] for k in kernels if k["kind"] == kind)
+             for kind in ("nccl", "peer copy", "host copy", "local copy", "compute kernel", "memset")}
+    moved = count["nccl"] + count["peer copy"] + count["host copy"]
+    ran = ", ".join(f"{kind} x{n}" for kind, n in count.items() if n) or "nothing"
+    where = ", ".join(f"GPU {d}" for d in optimised["devices"]) or "no GPU"
+    compute = sorted({k["name"] for k in kernels if k["kind"] == "compute kernel"})
+    return [
+        claims.at_least("the source's \"optimised\" program communicates (its calls are broadcast and reduce_add)",
+                        moved, 1,
+                        figure=f"its CUDA trace: {count['nccl']} NCCL kernels, {count['peer copy']} copies between "
+                               f"GPUs, {count['host copy']} host copies; all it ran: {ran} on {where}"),
+        claims.at_most("reduce_add of two tensors on one GPU is one elementwise addition (no NCCL: it needs "
+                       "distinct devices)", count["nccl"] + count["peer copy"], 0,
+                       figure=f"{count['compute kernel']} compute kernels ({'; '.join(compute) or 'none'}), "
+                              f"{count['nccl']} NCCL kernels, on {where}"),
+    ]
+
+
 CLAIMS = {
     "01_bandwidth_sweep": sweep_verdicts,
+    "01_optimised_one_gpu": optimised_verdicts,
     ("01_api_examples", "01_dtype_costs"): dtype_verdicts,
     "01_many_small": many_verdicts,
     ("01_redundant", "01_profile"): redundant_verdicts,

@@ -203,6 +203,31 @@ def wait_verdict(rows: list[dict]) -> claims.Verdict:
     return dataclasses.replace(v, rule=rule)
 
 
-CLAIMS = {"02_source_nccl_error": source_verdicts, "02_collectives": collectives_verdicts,
+SCALES_WITH_FLOPS = 0.25   # the widest step's time over the next one's, within 25% of their FLOP ratio
+ONE_RATE = 0.5             # "one sustained rate" holds if the narrowest layer reaches half the widest's
+
+
+def baseline_verdicts(base: dict) -> list[claims.Verdict]:
+    """The one-GPU MLP (``one_gpu.mlp_baseline``): does one sustained TFLOP/s describe it, as the explorer's
+    cost model assumes?"""
+    rows = base["rows"]
+    wide, wider, narrow = rows[-2], rows[-1], rows[0]
+    flop_ratio = (wider["hidden"] * wider["ffn_hidden"]) / (wide["hidden"] * wide["ffn_hidden"])
+    return [
+        claims.within(f"a wide layer's fwd+bwd time grows with its FLOPs (hidden {wide['hidden']} -> "
+                      f"{wider['hidden']}: {flop_ratio:g}x the FLOPs)", wider["train_ms"] / wide["train_ms"],
+                      flop_ratio, SCALES_WITH_FLOPS,
+                      figure=f"{wide['train_ms']:.2f} ms -> {wider['train_ms']:.2f} ms: "
+                             f"{wider['train_ms'] / wide['train_ms']:.2f}x ({base['tokens']} tokens, {base['dtype']})"),
+        claims.at_least("one sustained TFLOP/s (the explorer's knob) describes every width: the narrowest layer "
+                        "runs at least half the widest's rate", narrow["train_tflops"] / wider["train_tflops"],
+                        ONE_RATE,
+                        figure=f"fwd+bwd: hidden {narrow['hidden']} {narrow['train_tflops']:.0f} TFLOP/s, hidden "
+                               f"{wider['hidden']} {wider['train_tflops']:.0f} TFLOP/s "
+                               f"({narrow['train_tflops'] / wider['train_tflops']:.2f}x)"),
+    ]
+
+
+CLAIMS = {"02_mlp_one_gpu": baseline_verdicts, "02_source_nccl_error": source_verdicts, "02_collectives": collectives_verdicts,
           "02_object_vs_tensor": object_verdicts, "02_partitions": partition_verdicts,
           ("02_collectives", "02_tp_mlp"): tp_verdicts}

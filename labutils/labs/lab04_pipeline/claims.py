@@ -9,7 +9,9 @@ and ``tests/test_claims.py`` re-derives them from ``notebooks/recorded/04_*.json
   over the samples where that is wider (``analysis.bubble_tolerance``);
 * a predicted peak memory is right within ``MEMORY_TOL`` (10%): what it leaves out (allocator
   rounding, small buffers of a few MiB) is smaller than that;
-* a clock counts as higher from ``CLOCK_RATIO`` (2%) up, above the tens of MHz in which NVML reports it.
+* a clock counts as higher from ``CLOCK_RATIO`` (2%) up, above the tens of MHz in which NVML reports it;
+* a clock-event reason (NVML) holds the clock when it is set in at least ``MOST`` (half) of the readings
+  taken while the steps ran, and resting lifts it when it is set in ``LIFTED`` (25 points) fewer.
 """
 from __future__ import annotations
 
@@ -136,4 +138,64 @@ def pipeline_verdicts(B: dict) -> list[claims.Verdict]:
     return bubble_verdicts(B) + traffic_verdicts(B) + memory_verdicts(B)
 
 
-CLAIMS = {"04_naive_one_process": naive_verdicts, "04_pipeline_bench": pipeline_verdicts}
+POWER_CAP = "software power cap"
+THERMAL = ("software thermal slowdown", "hardware thermal slowdown", "hardware slowdown", "hardware power brake")
+MOST = 0.5            # a reason "holds the clock" when NVML reports it in at least half of the readings
+LIFTED = 0.25         # resting "lifts" a reason when it is reported in at least 25 points fewer readings
+
+
+def _share(summary: dict | None, *words) -> float | None:
+    share = (summary or {}).get("reason_share")
+    if share is None:
+        return None
+    return max([0.0] + [share.get(w, 0.0) for w in words])
+
+
+def _temp(summary: dict) -> str:
+    t = summary.get("temperature_c")
+    return "temperature unknown" if t is None else f"{t:.0f} C"
+
+
+def _reasons(summary: dict) -> str:
+    share = summary.get("reason_share") or {}
+    return ", ".join(f"{w} {v:.0%}" for w, v in share.items()) or "none"
+
+
+def boost_verdicts(bd: dict) -> list[claims.Verdict]:
+    """One GPU, back to back vs rested, with NVML's clock-event reasons (``boost.measure_one_gpu``). The
+    claim about power is decided by the reasons NVML reports, not by the power it reads."""
+    speedup = bd["one_gpu_ms"] / bd["one_gpu_rested_ms"]
+    n = noise(bd["one_gpu_samples_ms"], bd["one_gpu_rested_samples_ms"])
+    out = [claims.compare("One GPU that rests between steps as long as a step lasts computes a step faster",
+                          speedup, ">", round(1 + n, 3),
+                          figure=f"back to back {bd['one_gpu_ms']:.1f} ms, resting {bd['rest_ms']:.0f} ms before "
+                                 f"each step {bd['one_gpu_rested_ms']:.1f} ms: {speedup:.3f}x; sample spread {n:.1%}")]
+    nv = bd.get("nvml") or {}
+    a, b = nv.get("back to back"), nv.get("rested")
+    if not (a and b):
+        return out
+    out.append(claims.at_least(
+        "A GPU that rests between steps computes at a higher SM clock", b["clock_mhz"] / a["clock_mhz"], CLOCK_RATIO,
+        figure=f"median SM clock while computing: back to back {a['clock_mhz']:.0f} MHz ({a['power_w']:.0f} W, "
+               f"{_temp(a)}), rested {b['clock_mhz']:.0f} MHz ({b['power_w']:.0f} W, {_temp(b)})"))
+    cap_a, cap_b = _share(a, POWER_CAP), _share(b, POWER_CAP)
+    if cap_a is None or cap_b is None:
+        return out
+    limit = f", limit {bd['power_limit_w']:.0f} W" if bd.get("power_limit_w") else ""
+    out.append(claims.at_least(
+        "Back to back, the power limit holds the SM clock down (NVML reports the software power cap)", cap_a, MOST,
+        figure=f"power cap in {cap_a:.0%} of {a['samples']} readings{limit}; back-to-back reasons: {_reasons(a)}"))
+    out.append(claims.at_least(
+        "Resting between steps lifts the power cap", cap_a - cap_b, LIFTED,
+        figure=f"power cap in {cap_a:.0%} of the readings back to back, {cap_b:.0%} rested; "
+               f"rested reasons: {_reasons(b)}"))
+    heat_a = _share(a, *THERMAL)
+    out.append(claims.at_least(
+        "Back to back, a thermal or hardware slowdown holds the SM clock down", heat_a, MOST,
+        figure=f"thermal / hardware slowdown in {heat_a:.0%} of the back-to-back readings "
+               f"({_temp(a)}, median)"))
+    return out
+
+
+CLAIMS = {"04_naive_one_process": naive_verdicts, "04_pipeline_bench": pipeline_verdicts,
+          "04_boost_one_gpu": boost_verdicts}

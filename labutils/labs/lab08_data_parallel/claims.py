@@ -187,4 +187,29 @@ def fsdp_verdicts(data: dict) -> list[claims.Verdict]:
     ]
 
 
-CLAIMS = {"08_ddp": ddp_verdicts, "08_zero": zero_verdicts, "08_fsdp": fsdp_verdicts}
+STATE_TOL = 0.05          # model states = 16 bytes per parameter within 5%: the rest is KiB of step counters
+STATES_MOST = 0.5         # "most of the peak": the model states at least half of the step's peak memory
+
+
+def plain_verdicts(data: dict) -> list[claims.Verdict]:
+    """The plain model on one GPU (``one_gpu.plain_step``): what it holds against the ZeRO paper's 16Ψ."""
+    psi, state, peak, pred = data["n_params"], data["state_bytes"], data["peak_bytes"], data["predicted_state_bytes"]
+    if not (state and peak):
+        return [claims.Verdict("Between steps, plain AdamW training holds 16 bytes per parameter",
+                               "no allocator statistics: measured on GPUs only", "TRUE if within 5%",
+                               NOT_MEASURED)]
+    return [
+        claims.within(f"Between steps, plain AdamW training holds the model states the ZeRO paper counts: "
+                      f"{formula('DDP')} = 16Ψ bytes", state, pred, STATE_TOL,
+                      figure=f"{state / GIB:.2f} GiB held, 16Ψ = {pred / GIB:.2f} GiB (Ψ = {psi / 1e6:.0f} M); "
+                             f"weights alone {data['weights_bytes'] / psi:.2f} bytes per parameter"),
+        claims.at_least("The model states (what ZeRO shards) are most of the plain step's peak memory",
+                        state / peak, STATES_MOST,
+                        figure=f"model states {state / GIB:.2f} GiB of a {peak / GIB:.2f} GiB peak "
+                               f"({state / peak:.0%}); activations and temporaries {(peak - state) / GIB:.2f} GiB "
+                               f"({data['config']['batch_per_rank']} x {data['config']['seq']} tokens)"),
+    ]
+
+
+CLAIMS = {"08_ddp": ddp_verdicts, "08_zero": zero_verdicts, "08_fsdp": fsdp_verdicts,
+          "08_plain_one_gpu": plain_verdicts}
