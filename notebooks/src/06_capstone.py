@@ -500,7 +500,94 @@ if GRAPH is not None:
 # (above). Eager numbers are what a training loop that launches its collectives one by one pays;
 # graph numbers are what a loop that captures its step pays (as CUDA-graph training does), and the floor
 # that a cheaper host could reach.
+
+# %% [markdown]
+# ### 6b · One GPU: a small kernel, launched and replayed
+# The split of sections 5 and 6 needs no collective: any small kernel is two jobs in a row too, the host's
+# launch and the device's run, and a CUDA graph removes the first. On one GPU, in this process, with the
+# smallest kernel there is — `x.add_(1.0)` on two floats — `small_kernel_split` measures, per call:
+# * **back to back**: 100 launches between two CUDA events (`timing.benchmark`): the pace of the loop;
+# * **the host's launch**: the same 100 launches timed with `perf_counter`, without synchronising;
+# * **the device's time**: the same 100 launches queued behind a GPU sleep longer than the host takes to issue
+#   them (`timing.gpu_sleep`). The start event is recorded after the sleep, so when it fires the 100 kernels are
+#   already waiting, and the events time the device running them back to back, with no gap left by the host;
+# * **replayed**: the 100 launches captured once in a CUDA graph (warmed up on a side stream first, the rule of
+#   section 6) and replayed; afterwards `x` must hold exactly 100.
 #
+# The thresholds are section 5's and 6's: the device's part at most a quarter, the host's launch at least 80% of
+# the pace, a replay at most half the eager time.
+
+# %%
+my_prediction_launch_us = None  # ✍ µs the host needs to launch one small kernel from Python
+
+
+# %%
+def small_kernel_split(calls=100, repeat=9):
+    """Host launch vs device time of a tiny kernel on one GPU, launched eagerly and replayed from a graph."""
+    x = torch.zeros(2, device="cuda")                # 8 bytes: the kernel has almost nothing to do
+
+    def launch(k=calls):
+        for _ in range(k):
+            x.add_(1.0)                              # one kernel launch per call
+
+    eager = timing.benchmark(launch, warmup=3, repeat=repeat, device="cuda")   # the loop's pace, CUDA events
+    host = []
+    for _ in range(repeat):                          # the host alone: issuing the launches, no synchronisation
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    rate, clock, queued = timing.sleep_cycles_per_ms(), timing.Clock("cuda"), []
+    for _ in range(repeat):                          # the device alone: the kernels queued behind a GPU sleep
+        timing.gpu_sleep(2 * max(host) + 1, rate)    # longer than issuing them: all are queued when it ends
+        start = clock.mark()
+        launch()
+        stop = clock.mark()
+        clock.synchronize()
+        queued.append(clock.elapsed_ms(start, stop))
+    side = torch.cuda.Stream()                       # capture: warm up on a side stream, then record the calls
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(3)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    x.zero_()
+    graph.replay()
+    correct = bool((x == calls).all().item())        # .item() waits for the replay
+    replay = timing.benchmark(graph.replay, warmup=3, repeat=repeat, device="cuda")
+    return {"kernel": "x.add_(1.0) on 2 float32", "calls": calls, "correct": correct,
+            "eager_us": eager.median_ms * 1e3 / calls, "host_us": statistics.median(host) * 1e3 / calls,
+            "device_us": statistics.median(queued) * 1e3 / calls, "graph_us": replay.median_ms * 1e3 / calls}
+
+
+# %% tags=["nbval-ignore-output"]
+ONE_GPU = measurement("06_one_gpu_launch", small_kernel_split, gpus_needed=1)
+if ONE_GPU is not None:
+    k = ONE_GPU.data
+    display(pd.Series({"per call, back to back (CUDA events)": k["eager_us"],
+                       "the host launching one call (perf_counter, no sync)": k["host_us"],
+                       "the device running one call, queued (CUDA events)": k["device_us"],
+                       "replayed from a CUDA graph (CUDA events)": k["graph_us"]}, name="µs per call").round(2)
+            .to_frame().rename_axis(f"{k['kernel']}, {k['calls']} calls a sample — {ONE_GPU.label}"))
+    print(f"replayed kernels right: {k['correct']}")
+    if my_prediction_launch_us is not None:
+        print(f"host launch per call: {k['host_us']:.1f} µs; you predicted {float(my_prediction_launch_us):.1f} µs")
+    V_ONE_GPU = CLAIMS["06_one_gpu_launch"](k)
+    VERDICTS += V_ONE_GPU
+    claims.show(V_ONE_GPU)
+
+# %% [markdown]
+# **Reading it.** A kernel that does nothing still costs its launch: Python, the dispatcher picking `add_`'s
+# CUDA kernel, and `cudaLaunchKernel`, all on the host. Where the first two verdicts are TRUE the loop runs at
+# the host's pace and the GPU idles between kernels; the device's own time per kernel (the queued row) is then
+# what a faster host could reach. A replay hands the GPU the whole sequence in one call; the graph row shows how
+# close that comes. That is also the split of section 5's 8-byte all_reduce, without NCCL: what is left
+# there beyond this kernel's rows is ProcessGroupNCCL's bookkeeping on the host and NCCL's kernel on the device.
+
+# %% [markdown]
 # ## 7 · One way or both ways: is NVLink full duplex?
 #
 # An NVLink carries data in both directions at once, each at the full rate; lab 02's path table times the

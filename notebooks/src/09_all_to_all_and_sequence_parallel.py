@@ -956,12 +956,46 @@ claims.show(CLAIMS["09_dtensor"](DT.data))
 # DTensor's payoff is elsewhere: the same plan composes with FSDP (`fully_shard`, lab 08) on a 2-D mesh,
 # with `torch.compile`, and with distributed checkpointing, none of which a hand-written `ParallelBlock` gets
 # for free.
+
+# %% [markdown]
+# ### DTensor on a one-rank mesh
+# The comparison above mixes two things on two GPUs: DTensor's own work on the CPU, and the collectives both
+# versions issue. A mesh of **one** rank removes the second. Every collective is then over one rank — nothing
+# crosses a link — but every DTensor operation still goes through the same dispatch, sharding propagation and
+# the styles' hooks. The same sweep on one GPU in one rank (`world_size=1`: a fresh process, with NCCL) measures
+# what is left: DTensor's overhead per step, on any machine with one GPU. The hand-written layers on one rank are
+# the one-device block plus collectives that have nobody to talk to. Same thresholds as above.
+
+# %% tags=["nbval-ignore-output"]
+def measure_dtensor_one_rank(sp_plan, sync, tokens_list, hidden, ffn):
+    """The DTensor sweep in one NCCL rank on GPU 0."""
+    variants = {"TP": {"sequence_parallel": False}, "SP": {"sequence_parallel": True},
+                "DTensor TP": {"sequence_parallel": False, "plan": tp_plan},
+                "DTensor SP": {"sequence_parallel": True, "plan": sp_plan}}
+    return labutils.launch(measure.block_sweep, Block, ParallelBlock, variants, tokens_list, world_size=1,
+                           backend="nccl", timeout=300, output="quiet",
+                           kwargs=dict(sync=sync, hidden=hidden, ffn=ffn))[0]
+
+
+DT1 = recorded.live_or_recorded("09_dtensor_one_rank", lambda: measure_dtensor_one_rank(
+    SP_PLAN, SYNC, DT_TOKENS, SP_CONFIG["hidden"], SP_CONFIG["ffn"]), gpus_needed=1)
+display(pd.DataFrame({f"{k} (ms)": v for k, v in DT1.data["time_ms"].items()},
+                     index=pd.Index(DT1.data["tokens"], name="tokens")).round(3)
+        .rename_axis(f"one rank, hidden {DT1.data['hidden']}, ffn {DT1.data['ffn']} — {DT1.label}"))
+claims.show(CLAIMS["09_dtensor_one_rank"](DT1.data))
+
+# %% [markdown]
+# **Reading it.** With one rank the "communication" is gone, so a DTensor column above its hand-written column is
+# DTensor's CPU work, not a slower collective; the figures print it per step in milliseconds. Where the first
+# verdict of a plan is TRUE and the second FALSE on two GPUs, this table says whether the CPU work alone explains
+# it: the one-rank overhead at the smallest layer is what DTensor costs whatever the link.
 #
 # ## 5 · Summary
 
 # %% tags=["nbval-ignore-output"]
 claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data)
-             + CLAIMS["09_sp_block"](SPM.data) + CLAIMS["09_dtensor"](DT.data))
+             + CLAIMS["09_sp_block"](SPM.data) + CLAIMS["09_dtensor"](DT.data)
+             + CLAIMS["09_dtensor_one_rank"](DT1.data))
 
 # %% [markdown]
 # * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which NCCL
