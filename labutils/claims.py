@@ -7,23 +7,50 @@ through a written threshold, and prints it::
     from labutils import claims
     v = claims.at_least("tip 3: NCCL beats a hand-written ring", ratio, 1.2,
                         figure=f"NCCL/ring busbw {ratio:.2f}x at 1 MiB")
-    claims.show([v])
-    # VERDICT  TRUE   tip 3: NCCL beats a hand-written ring | NCCL/ring busbw 4.81x at 1 MiB | rule: >= 1.2
+    claims.show([v], m)      # m: the recorded.Measurement the ratio was computed from
+    # VERDICT  TRUE   tip 3: NCCL beats a hand-written ring | NCCL/ring busbw 4.81x at 1 MiB | rule: TRUE if >= 1.2 | source: RECORDED 2026-11-30 on 2x NVIDIA H200 | NV18 | ...
 
 Each lab keeps its verdict functions in ``labutils/labs/labNN_topic/claims.py`` with a table
 ``CLAIMS = {"03_overlap": overlap_verdicts, ...}`` from recording name (or a tuple of names) to a
 function of the recordings' ``data`` dicts returning a list of ``Verdict``. ``tests/test_claims.py``
 loads every recording, re-derives every verdict and checks that the committed notebook printed the
 same line, so prose, recording and notebook cannot drift apart.
+
+**Every verdict says where its numbers come from.** A ``Verdict`` has a ``source``: ``"live on <this
+machine's fingerprint>"`` or ``"RECORDED <date> on <the recording's fingerprint>"`` -- exactly
+``recorded.Measurement.source``. A lab's verdict functions do not set it (they see only ``data``); the
+notebook passes the ``Measurement`` the data came from to ``show`` / ``table``, which stamp it on every
+verdict that has none::
+
+    m = recorded.live_or_recorded("03_overlap", measure, gpus_needed=1)
+    claims.show(CLAIMS["03_overlap"](m.data), m)
+    # VERDICT  TRUE   ... | rule: TRUE if >= 1.2 | source: live on 1x NVIDIA H200 | torch 2.11.0+cu130 | ...
+
+    claims.table(claims.sourced(CLAIMS["a"](A.data), A) + claims.sourced(fn(B.data), B))
+    claims.table(claims.judge(CLAIMS, A, B, (A, C)))   # CLAIMS["a"](A.data), ..., CLAIMS[("a", "c")](A.data, C.data)
+    # one row per verdict, each with its own "source" column
+
+A verdict that combines measurements takes them by what each one measured (the words its figure uses)::
+
+    claims.show(lab_claims.copy_verdicts(local.data, peer.data), {"host <-> GPU": local, "GPU <-> GPU": peer})
+    # ... | source: MIXED: host <-> GPU: live on 1x NVIDIA H200 | ...; GPU <-> GPU: RECORDED 2026-11-30 on 2x ...
+
+(when every part has the same source, that one source is printed, not ``MIXED``). A verdict judged from
+what this notebook just did (no ``Measurement``) takes ``recorded.live_source()``. ``source`` accepts a
+``Measurement`` (anything with a ``.source`` string), a string, a ``{what: Measurement}`` dict, or a list of
+``Measurement``s (each named by ``.name``). A verdict that reaches ``line`` / ``show`` / ``table`` without a
+source raises ``ValueError``: a number with no origin is never shown.
 """
 from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 TRUE, FALSE = "TRUE", "FALSE"
 PREFIX = "VERDICT"
+SOURCE_SEP = " | source: "   # before the source on a verdict's line (the source is the line's last field)
+MIXED = "MIXED: "            # before a source made of parts with different origins
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +62,26 @@ class Verdict:
         figure: the measured number(s) the verdict rests on, formatted with units.
         rule: the threshold, e.g. ``">= 1.2"`` or ``"TRUE if every size <= 64 MiB is >= 1.2x"``.
         verdict: ``"TRUE"``, ``"FALSE"`` or a word the rule defines (``"PARTLY"``, ``"ONLY BELOW 256 MiB"``).
+        source: where the figure's numbers come from (``recorded.Measurement.source``, or a ``MIXED: ...``
+            of several); None until ``sourced`` / ``show`` / ``table`` set it.
     """
     claim: str
     figure: str
     rule: str
     verdict: str
+    source: str | None = None
+
+    def body(self) -> str:
+        """The line without its source: what the verdict says, from which numbers, by which rule."""
+        return f"{PREFIX}  {self.verdict:<6} {self.claim} | {self.figure} | rule: {self.rule}"
 
     def line(self) -> str:
-        """The one line a notebook prints and ``tests/test_claims.py`` looks for."""
-        return f"{PREFIX}  {self.verdict:<6} {self.claim} | {self.figure} | rule: {self.rule}"
+        """The one line a notebook prints and ``tests/test_claims.py`` looks for, its source last.
+
+        Raises:
+            ValueError: the verdict has no source.
+        """
+        return f"{self.body()}{SOURCE_SEP}{_required_source(self)}"
 
     def __str__(self) -> str:
         return self.line()
@@ -54,7 +92,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 
 
 def compare(claim: str, value: float, op: str, threshold: float, *, figure: str,
-            true: str = TRUE, false: str = FALSE) -> Verdict:
+            true: str = TRUE, false: str = FALSE, source: str | None = None) -> Verdict:
     """``true`` if ``value <op> threshold`` else ``false``.
 
     Raises:
@@ -67,7 +105,8 @@ def compare(claim: str, value: float, op: str, threshold: float, *, figure: str,
     if v != v or v in (float("inf"), float("-inf")):
         raise ValueError(f"cannot judge {claim!r} from a non-finite value {value!r}. "
                          "HINT: the measurement behind it failed; look at the cell that made it.")
-    return Verdict(claim, figure, f"{true} if {op} {threshold:g}", true if _OPS[op](v, threshold) else false)
+    return Verdict(claim, figure, f"{true} if {op} {threshold:g}", true if _OPS[op](v, threshold) else false,
+                   source)
 
 
 def at_least(claim: str, value: float, threshold: float, *, figure: str, **words) -> Verdict:
@@ -97,7 +136,7 @@ def percents(value: float, limit: float, *, most_decimals: int = 6) -> tuple[str
 
 
 def within(claim: str, value: float, expected: float, rel_tol: float, *, figure: str,
-           true: str = TRUE, false: str = FALSE) -> Verdict:
+           true: str = TRUE, false: str = FALSE, source: str | None = None) -> Verdict:
     """``true`` if ``|value / expected - 1| <= rel_tol`` (e.g. a prediction within 25% of a measurement).
 
     The rule prints the error and the tolerance with the decimals that keep them on the verdict's side of
@@ -108,22 +147,112 @@ def within(claim: str, value: float, expected: float, rel_tol: float, *, figure:
     err = abs(float(value) / float(expected) - 1.0)
     shown_err, shown_tol = percents(err, rel_tol)
     return Verdict(claim, figure, f"{true} if within {shown_tol} (off by {shown_err})",
-                   true if err <= rel_tol else false)
+                   true if err <= rel_tol else false, source)
+
+
+def _required_source(v: Verdict) -> str:
+    if not v.source:
+        raise ValueError(
+            f"the verdict on {v.claim!r} has no source. HINT: say where its numbers come from: "
+            "claims.show(verdicts, m) / claims.table(verdicts, m) with the Measurement m that "
+            "recorded.live_or_recorded returned, {what: m, ...} for several, or recorded.live_source() for "
+            "what this notebook just did.")
+    return v.source
+
+
+def source_of(source: Any) -> str:
+    """One source string from a ``Measurement`` (``.source``), a string, a ``{what: Measurement | str}``
+    dict or a list of ``Measurement``s: the common source if all parts agree, else ``"MIXED: what: source;
+    ..."`` naming each part.
+
+    Raises:
+        ValueError: nothing to take a source from (None, an empty dict or list, an empty string).
+        TypeError: an object with no ``source``.
+    """
+    if isinstance(source, Mapping):
+        parts = {str(what): source_of(m) for what, m in source.items()}
+    elif isinstance(source, (list, tuple)):
+        parts = {getattr(m, "name", str(i)): source_of(m) for i, m in enumerate(source)}
+    else:
+        s = source if isinstance(source, str) or source is None else getattr(source, "source", _NO_SOURCE)
+        if s is _NO_SOURCE:
+            raise TypeError(f"cannot take a verdict's source from a {type(source).__name__}. HINT: pass the "
+                            "recorded.Measurement its data came from, a string, or a {what: Measurement} dict.")
+        if not s:
+            raise ValueError(f"empty source {source!r}. HINT: pass the recorded.Measurement the verdicts' "
+                             "data came from, or recorded.live_source().")
+        return s
+    if not parts:
+        raise ValueError("no source given (an empty dict or list). HINT: name each Measurement the verdicts "
+                         "rest on: {'host <-> GPU': local, 'GPU <-> GPU': peer}.")
+    if len(set(parts.values())) == 1:
+        return next(iter(parts.values()))
+    return MIXED + "; ".join(f"{what}: {s}" for what, s in parts.items())
+
+
+_NO_SOURCE = object()
+
+
+def sourced(verdicts: Sequence[Verdict] | Verdict, source: Any) -> list[Verdict]:
+    """``verdicts`` with ``source_of(source)`` set on each that has none (one that has one keeps it)."""
+    s = source_of(source)
+    return [v if v.source else dataclasses.replace(v, source=s)
+            for v in ([verdicts] if isinstance(verdicts, Verdict) else verdicts)]
+
+
+def judge(table: Mapping, *measurements) -> list[Verdict]:
+    """Every verdict a lab's ``CLAIMS`` gives for these measurements, each with its source, in order: a
+    ``Measurement`` m is judged by ``table[m.name](m.data)``, a tuple ``(a, b)`` by
+    ``table[(a.name, b.name)](a.data, b.data)`` (its source names both where they differ)::
+
+        claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, (SWEEP, TP)))
+
+    Raises:
+        KeyError: no verdict function for that recording name (or tuple of names).
+    """
+    out: list[Verdict] = []
+    for m in measurements:
+        group = tuple(m) if isinstance(m, (list, tuple)) else (m,)
+        key = group[0].name if len(group) == 1 else tuple(x.name for x in group)
+        if key not in table:
+            raise KeyError(f"no verdict function for {key!r}. HINT: the lab's CLAIMS has "
+                           f"{', '.join(map(repr, table))}.")
+        out += sourced(table[key](*[x.data for x in group]), list(group) if len(group) > 1 else group[0])
+    return out
+
+
+def _with_source(verdicts, source) -> list[Verdict]:
+    out = sourced(verdicts, source) if source is not None else (
+        [verdicts] if isinstance(verdicts, Verdict) else list(verdicts))
+    for v in out:
+        _required_source(v)
+    return out
 
 
 def lines(verdicts: Iterable[Verdict]) -> list[str]:
-    """The printable lines of ``verdicts``."""
+    """The printable lines of ``verdicts`` (each must have its source)."""
     return [v.line() for v in verdicts]
 
 
-def show(verdicts: Sequence[Verdict] | Verdict) -> None:
-    """Print one line per verdict (the notebook's output; ``tests/test_claims.py`` reads it back)."""
-    for v in ([verdicts] if isinstance(verdicts, Verdict) else verdicts):
-        print(v.line())
+def show(verdicts: Sequence[Verdict] | Verdict, source: Any = None) -> None:
+    """Print one line per verdict, its source last (the notebook's output; ``tests/test_claims.py`` reads
+    it back). ``source`` (see ``source_of``) is stamped on the verdicts that have none.
+
+    Raises:
+        ValueError: a verdict with no source, and none given (nothing is printed).
+    """
+    for line in lines(_with_source(verdicts, source)):
+        print(line)
 
 
-def table(verdicts: Sequence[Verdict]):
-    """The verdicts as a pandas DataFrame (claim, verdict, figure, rule) for a lab's summary."""
+def table(verdicts: Sequence[Verdict], source: Any = None):
+    """The verdicts as a pandas DataFrame (claim, verdict, figure, rule, source) for a lab's summary; a
+    table of verdicts from several measurements has each row's own source.
+
+    Raises:
+        ValueError: a verdict with no source, and none given.
+    """
     import pandas as pd
-    return pd.DataFrame([{"claim": v.claim, "verdict": v.verdict, "figure": v.figure, "rule": v.rule}
-                         for v in verdicts])
+    return pd.DataFrame([{"claim": v.claim, "verdict": v.verdict, "figure": v.figure, "rule": v.rule,
+                          "source": v.source} for v in _with_source(verdicts, source)],
+                        columns=["claim", "verdict", "figure", "rule", "source"])

@@ -8,7 +8,11 @@ are *recorded*, where and when -- never passed off as live::
     m = recorded.live_or_recorded("00_copy_bandwidth", measure, gpus_needed=2)
     m.data        # what measure() returned (JSON types)
     m.live        # True if measured now
-    m.label       # "live: 2x NVIDIA H200 ..." or "recorded 2026-11-29: 2x NVIDIA H200 ..."
+    m.label       # "live: 2x NVIDIA H200" or "RECORDED 2026-11-29: 2x NVIDIA H200" (plot titles)
+    m.source      # "live on <fingerprint>" or "RECORDED 2026-11-29 on <fingerprint>" (verdicts, tables)
+
+``claims.show(verdicts, m)`` / ``claims.table(verdicts, m)`` print ``m.source`` beside every verdict;
+``live_source()`` is the source of what a notebook judges from its own run, without a measurement.
 """
 from __future__ import annotations
 
@@ -57,6 +61,22 @@ class Measurement:
         hw = self.fingerprint.split(" | ")[0]
         return f"live: {hw}" if self.live else f"RECORDED {self.recorded_at[:10]}: {hw}"
 
+    @property
+    def source(self) -> str:
+        """Full provenance, as every verdict and summary table prints it (``labutils.claims``)."""
+        return source_text(self.live, self.fingerprint, self.recorded_at)
+
+
+def source_text(live: bool, fingerprint: str, recorded_at: str) -> str:
+    """``"live on <fingerprint>"`` or ``"RECORDED <date> on <fingerprint>"``."""
+    return f"live on {fingerprint}" if live else f"RECORDED {recorded_at[:10]} on {fingerprint}"
+
+
+def live_source() -> str:
+    """The source of a verdict judged from what this notebook just did on this machine (no measurement
+    behind it): ``"live on <this machine's fingerprint>"``."""
+    return source_text(True, _this_fingerprint(), "")
+
 
 def _jsonable(x):
     """Tensors / numpy arrays / numpy scalars -> lists / floats, for json.dump."""
@@ -93,7 +113,8 @@ def load(name: str, directory: Path | None = None) -> Measurement:
     if not path.exists():
         raise FileNotFoundError(
             f"no recorded result {name!r} at {path}. HINT: recordings are made by running the lab "
-            f"on >= 2 GPUs with {RECORD_ENV}=1 (see README, 'Recording reference results').")
+            f"on a machine with the GPUs it needs, with {RECORD_ENV}=1 (see README, 'Recording reference "
+            f"results'); {DIR_ENV} points at another folder of recordings.")
     doc = json.loads(path.read_text())
     return Measurement(doc["name"], doc["data"], False, doc["fingerprint"], doc["recorded_at"])
 
@@ -120,7 +141,15 @@ def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int
         print(f"LIVE: measured now on {fp}")
         return Measurement(name, data, True, fp,
                            _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    m = load(name)
+    try:
+        m = load(name)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"cannot show {name!r}: this machine has {n_gpus} GPU(s), measuring it live needs "
+            f"{gpus_needed}, and there is no recording of it at {recorded_dir() / (name + '.json')}. "
+            f"HINT: record it once on a machine with >= {gpus_needed} GPU(s) by running the lab there with "
+            f"{RECORD_ENV}=1 (see README, 'Recording reference results'), or point {DIR_ENV} at a folder "
+            f"that holds {name}.json.") from None
     print(f"RECORDED: this machine has {n_gpus} GPU(s); this measurement needs {gpus_needed}.\n"
           f"Showing results recorded by this lab's own code on {m.fingerprint} "
           f"({m.recorded_at[:10]}). They are not measurements of your machine.")

@@ -6,6 +6,11 @@ committed notebook judged is the data in its recordings: the same function on th
 the very line the notebook shows. A verdict changed in code but not re-executed, a recording replaced
 without re-running the notebook, or a verdict typed into a cell by hand, all fail here.
 
+Every line ends with its source (``claims.SOURCE_SEP``): the recording's fingerprint, as "live on ..." where
+the notebook measured it (and recorded it) or "RECORDED <date> on ..." where it showed the recording, or a
+``MIXED:`` of those, one per part. A source that names no recording of the verdict fails, as does a line
+with none.
+
 The markdown lint enforces the other half of the rule: prose explains mechanisms and does not type
 measured figures (GB/s, µs, ms, ×) that a recording could contradict. A figure that is not a
 measurement (a datasheet rate, a formula's example) carries ``<!-- not measured: why -->`` on its line.
@@ -21,7 +26,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labutils import claims
+from labutils import claims, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {p.stem[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
@@ -60,6 +65,32 @@ def _printed_text(nb, ignored_only: bool = False) -> str:
     return "\n".join(out)
 
 
+def _docs(names) -> list[dict]:
+    return [json.loads((RECORDED / f"{n}.json").read_text()) for n in names]
+
+
+def _printed_verdicts(text: str) -> list[tuple[str, str]]:
+    """(body, source) of every VERDICT line in ``text``; source "" where the line has none."""
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith(claims.PREFIX):
+            body, _, source = ln.partition(claims.SOURCE_SEP)
+            out.append((body.strip(), source.strip()))
+    return out
+
+
+def source_names_its_recordings(source: str, docs: list[dict]) -> bool:
+    """True if every part of ``source`` is how one of ``docs`` (recordings) is shown: live (the machine that
+    measured it, the notebook's own run) or recorded (its fingerprint and date). A ``MIXED:`` source has
+    two different parts at least, each ``what: source``."""
+    valid = {recorded.source_text(live, d["fingerprint"], d["recorded_at"]) for d in docs for live in (True, False)}
+    if not source.startswith(claims.MIXED):
+        return source in valid
+    parts = [part.partition(": ")[2] for part in source[len(claims.MIXED):].split("; ")]
+    return len(set(parts)) >= 2 and all(part in valid for part in parts)
+
+
 def _cases():
     for lab, module in sorted(MODULES.items()):
         for key, fn in module.CLAIMS.items():
@@ -78,19 +109,20 @@ def test_every_lab_judges_its_claims():
 
 @pytest.mark.parametrize("lab,names,fn", list(_cases()))
 def test_notebook_prints_the_verdicts_its_recordings_give(lab, names, fn):
-    datas = []
     for name in names:
         path = RECORDED / f"{name}.json"
         assert path.exists(), f"{fn.__qualname__} judges {name!r}, which has no recording at {path}"
-        datas.append(json.loads(path.read_text())["data"])
-    verdicts = fn(*datas)
+    docs = _docs(names)
+    verdicts = fn(*[d["data"] for d in docs])
     assert verdicts and all(isinstance(v, claims.Verdict) for v in verdicts), \
         f"{fn.__qualname__} must return a non-empty list of claims.Verdict"
-    printed = _printed_text(nbformat.read(NOTEBOOKS[lab], as_version=4))
-    missing = [v.line() for v in verdicts if v.line() not in printed]
-    assert not missing, (f"{NOTEBOOKS[lab].name} does not print these verdicts of {'+'.join(names)} "
-                         "(re-execute the notebook on the GPUs after changing a verdict or a recording):\n"
-                         + "\n".join(missing))
+    printed = _printed_verdicts(_printed_text(nbformat.read(NOTEBOOKS[lab], as_version=4)))
+    missing = [v.body() for v in verdicts
+               if not any(body == v.body() and source_names_its_recordings(source, docs)
+                          for body, source in printed)]
+    assert not missing, (f"{NOTEBOOKS[lab].name} does not print these verdicts of {'+'.join(names)} with "
+                         "a source that names their recordings (re-execute the notebook on the GPUs after "
+                         "changing a verdict or a recording):\n" + "\n".join(missing))
 
 
 @pytest.mark.parametrize("lab", sorted(NOTEBOOKS))
@@ -98,19 +130,22 @@ def test_no_verdict_is_printed_without_its_function(lab):
     """A VERDICT line in a cell nbval does not compare must come from a function in CLAIMS. (A verdict in
     a checked cell is re-derived by nbval itself on every run, on CPU and on GPUs.)"""
     nb = nbformat.read(NOTEBOOKS[lab], as_version=4)
-    printed = [ln.strip() for ln in _printed_text(nb, ignored_only=True).splitlines()
-               if ln.strip().startswith(claims.PREFIX)]
+    printed = _printed_verdicts(_printed_text(nb, ignored_only=True))
     if not printed:
         return
+    unsourced = [body for body, source in printed if not source]
+    assert not unsourced, f"lab {lab} prints verdicts without their source:\n" + "\n".join(unsourced)
     module = MODULES.get(lab)
     assert module is not None, f"lab {lab} prints verdicts but has no claims module"
-    derived = set()
+    derived: dict[str, list[list[dict]]] = {}
     for key, fn in module.CLAIMS.items():
-        names = (key,) if isinstance(key, str) else tuple(key)
-        datas = [json.loads((RECORDED / f"{n}.json").read_text())["data"] for n in names]
-        derived |= {v.line().strip() for v in fn(*datas)}
-    stray = [ln for ln in printed if ln not in derived]
-    assert not stray, f"lab {lab} prints verdicts that no recording re-derives:\n" + "\n".join(stray)
+        docs = _docs((key,) if isinstance(key, str) else tuple(key))
+        for v in fn(*[d["data"] for d in docs]):
+            derived.setdefault(v.body().strip(), []).append(docs)
+    stray = [f"{body}{claims.SOURCE_SEP}{source}" for body, source in printed
+             if not any(source_names_its_recordings(source, docs) for docs in derived.get(body, []))]
+    assert not stray, (f"lab {lab} prints verdicts that no recording re-derives, or with a source that names "
+                       "none of the recordings they come from:\n" + "\n".join(stray))
 
 
 FIGURE = re.compile(r"(?<![\w.])\d[\d,.]*\s?(GB/s|GiB/s|TB/s|µs|us|ms|×)(?!\w)")
@@ -152,5 +187,117 @@ def test_verdict_helpers_follow_their_thresholds():
         claims.at_least("a", float("nan"), 1.0, figure="x")
     with pytest.raises(ValueError, match="unknown comparison"):
         claims.compare("a", 1.0, "=>", 1.0, figure="x")
-    line = claims.Verdict("c", "f", "r", "TRUE").line()
-    assert line.startswith(claims.PREFIX) and "| f | rule: r" in line
+    line = claims.Verdict("c", "f", "r", "TRUE", "live on X").line()
+    assert line.startswith(claims.PREFIX) and line.endswith("| f | rule: r | source: live on X")
+
+
+# ---- every verdict says where its numbers come from ---------------------------------------------------------
+
+LIVE_FP = "1x NVIDIA H200 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04"
+
+
+def _measurement(name: str, live: bool, fingerprint: str | None = None) -> recorded.Measurement:
+    """A recording of this repository as the notebook holds it: live on this machine, or loaded."""
+    doc = json.loads((RECORDED / f"{name}.json").read_text())
+    if live:
+        return recorded.Measurement(name, doc["data"], True, fingerprint or LIVE_FP, "2026-12-01T20:00:00+00:00")
+    return recorded.load(name, directory=RECORDED)
+
+
+def test_a_verdict_without_a_source_fails():
+    v = claims.at_least("c", 2.0, 1.0, figure="2 GB/s")
+    assert v.source is None
+    for show in (v.line, lambda: claims.show([v]), lambda: claims.table([v]), lambda: claims.lines([v])):
+        with pytest.raises(ValueError, match="has no source.*HINT: .*claims.show\\(verdicts, m\\)"):
+            show()
+    with pytest.raises(ValueError, match="empty source"):
+        claims.show([v], "")
+    with pytest.raises(ValueError, match="no source given"):
+        claims.show([v], {})
+    with pytest.raises(TypeError, match="cannot take a verdict's source from a int"):
+        claims.show([v], 3)
+
+
+def test_show_and_table_print_the_source(capsys):
+    live = _measurement("01_many_small", live=True)
+    rec = _measurement("01_many_small", live=False)
+    assert live.source == f"live on {LIVE_FP}"
+    assert rec.source == f"RECORDED {rec.recorded_at[:10]} on {rec.fingerprint}"
+    verdicts = CLAIMS_OF("01")["01_many_small"](rec.data)
+    for m in (live, rec):
+        claims.show(verdicts, m)
+        out = capsys.readouterr().out.splitlines()
+        assert len(out) == len(verdicts) and all(ln.endswith(f"{claims.SOURCE_SEP}{m.source}") for ln in out)
+        assert [ln.partition(claims.SOURCE_SEP)[0] for ln in out] == [v.body() for v in verdicts]
+        df = claims.table(verdicts, m)
+        assert list(df.columns) == ["claim", "verdict", "figure", "rule", "source"]
+        assert set(df["source"]) == {m.source}
+    # a verdict that has its source keeps it; the one given is for those that have none
+    kept = claims.sourced([verdicts[0], claims.sourced(verdicts[1], live)[0]], rec)
+    assert [v.source for v in kept] == [rec.source, live.source]
+    assert claims.source_of([rec, rec]) == rec.source and claims.source_of({"a": live, "b": live}) == live.source
+
+
+def CLAIMS_OF(lab: str) -> dict:
+    return MODULES[lab].CLAIMS
+
+
+def test_lab00_ratio_of_a_live_and_a_recorded_sweep_names_both(capsys):
+    """Lab 00 on one GPU: host -> GPU live, GPU0 -> GPU1 recorded. The ratio names both sources; a verdict on
+    one sweep only carries that sweep's."""
+    from labutils.labs.lab00_setup import claims as lab00
+    local, peer = _measurement("00_copy_local", live=True), _measurement("00_copy_bandwidth", live=False)
+    claims.show(lab00.copy_verdicts(local.data, peer.data, sources=(local, peer)))
+    lines = dict(ln.partition(claims.SOURCE_SEP)[::2] for ln in capsys.readouterr().out.splitlines())
+    by_claim = {body.split(" | ")[0][len(claims.PREFIX) + 9:]: src for body, src in lines.items()}
+    ratio = next(src for c, src in by_claim.items() if c.startswith("a copy over PCIe"))
+    assert ratio == f"{claims.MIXED}GPU0 -> GPU1: {peer.source}; host -> GPU: {local.source}"
+    assert by_claim["pinned host memory copies faster than pageable memory (no bounce buffer)"] == local.source
+    assert by_claim["both directions of the GPU pair copy equally fast"] == peer.source
+    df = claims.table(lab00.all_verdicts(local.data, peer.data, sources=(local, peer)))
+    assert set(df["source"]) == {local.source, peer.source, ratio}
+    # both recorded (a CPU learner): one source, no MIXED
+    local_rec = _measurement("00_copy_local", live=False)
+    assert claims.source_of({"GPU0 -> GPU1": peer, "host -> GPU": local_rec}) == peer.source \
+        or local_rec.source != peer.source
+
+
+def test_lab02_summary_table_labels_each_row():
+    """Lab 02's summary on one GPU: each row carries the source of the measurement it was judged from."""
+    m02 = CLAIMS_OF("02")
+    as_written = _measurement("02_source_nccl_error", live=False)
+    sweep, tp = _measurement("02_collectives", live=False), _measurement("02_tp_mlp", live=True)
+    df = claims.table(claims.judge(m02, as_written, sweep, (sweep, tp)))
+    n_err, n_sweep = len(m02["02_source_nccl_error"](as_written.data)), len(m02["02_collectives"](sweep.data))
+    assert list(df["source"][:n_err]) == [as_written.source] * n_err
+    assert list(df["source"][n_err:n_err + n_sweep]) == [sweep.source] * n_sweep
+    mixed = set(df["source"][n_err + n_sweep:])
+    assert mixed == {f"{claims.MIXED}02_collectives: {sweep.source}; 02_tp_mlp: {tp.source}"}
+    with pytest.raises(KeyError, match="no verdict function for 'nope'"):
+        claims.judge(m02, recorded.Measurement("nope", {}, True, "f", ""))
+
+
+def test_lab05_summary_labels_live_and_recorded_rows():
+    """Lab 05 on fewer than two GPUs: the port verdict is live, the NCCL ones recorded."""
+    m05 = CLAIMS_OF("05")
+    runs = [_measurement(n, live=False) for n in ("05_raw_mistakes_nccl", "05_wrong_device_nccl")]
+    port = claims.Verdict("port", "rank 0: DistNetworkError", "TRUE if the launch returns", "FALSE",
+                          f"live on {LIVE_FP}")
+    df = claims.table([port] + claims.judge(m05, *runs))
+    assert df["source"][0] == f"live on {LIVE_FP}"
+    assert set(df["source"][1:]) == {runs[0].source} and runs[0].source.startswith("RECORDED ")
+
+
+def test_a_printed_source_must_name_the_recordings():
+    docs = _docs(["00_copy_local", "00_copy_bandwidth"])
+    fp, at = docs[1]["fingerprint"], docs[1]["recorded_at"]
+    assert source_names_its_recordings(f"live on {fp}", docs)
+    assert source_names_its_recordings(f"RECORDED {at[:10]} on {fp}", docs)
+    assert not source_names_its_recordings(f"live on {LIVE_FP}", docs)           # another machine
+    assert not source_names_its_recordings(f"RECORDED 1999-01-01 on {fp}", docs)  # another date
+    assert not source_names_its_recordings("", docs)
+    assert source_names_its_recordings(f"{claims.MIXED}a: live on {fp}; b: RECORDED {at[:10]} on {fp}", docs)
+    assert not source_names_its_recordings(f"{claims.MIXED}a: live on {fp}; b: live on {fp}", docs)
+    body = "VERDICT  TRUE   c | f | rule: r"
+    assert _printed_verdicts(f"x\n{body}{claims.SOURCE_SEP}live on {fp}\n{body}\n") == [
+        (body, f"live on {fp}"), (body, "")]

@@ -163,7 +163,7 @@ def test_verdicts_flip_with_the_outcome():
     assert [v.verdict for v in lab_claims.nccl_log_verdicts({"log": shm})] == ["FALSE", "TRUE"]
     no_switch = TOPOLOGY_LOG.replace("NVS/0-0", "GPU/0-20")
     assert lab_claims.nccl_log_verdicts({"log": no_switch})[1].verdict == "FALSE"
-    assert json.dumps([v.line() for v in lab_claims.nccl_log_verdicts({"log": TOPOLOGY_LOG})])
+    assert json.dumps([v.body() for v in lab_claims.nccl_log_verdicts({"log": TOPOLOGY_LOG})])
 
 
 # ---------------------------------------------------------------- exercise checkers (real gloo ranks)

@@ -215,7 +215,7 @@ def test_verdicts_work_on_the_committed_recordings():
         paths = [RECORDED / f"{n}.json" for n in names]
         if all(p.exists() for p in paths):
             out = fn(*[json.loads(p.read_text())["data"] for p in paths])
-            assert all(v.line().startswith("VERDICT") for v in out), key
+            assert all(v.body().startswith("VERDICT") for v in out), key
     assert lab_claims.both_over_one_way(lab_claims.sweep_doc(_sweep(2.0, 1.1)))[0] == (8, pytest.approx(2.0))
 
 

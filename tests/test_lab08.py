@@ -154,7 +154,7 @@ def _verdicts(data) -> dict:
 
 def test_ddp_verdicts_follow_their_thresholds_on_both_sides():
     ok = C.ddp_verdicts(fakes.ddp())
-    assert len(ok) == 9 and all(v.verdict == "TRUE" for v in ok), [v.line() for v in ok]
+    assert len(ok) == 9 and all(v.verdict == "TRUE" for v in ok), [v.body() for v in ok]
     names = list(_verdicts(fakes.ddp()))
     flipped = {  # one argument moved across its threshold flips exactly one verdict
         names[0]: fakes.ddp(speedup=1.80),
@@ -196,7 +196,7 @@ def test_a_recording_without_the_timeline_keeps_its_verdicts():
     got = C.ddp_verdicts(old)
     assert [v.claim.split(" (")[0] for v in got][:2] == [
         "DDP on 2 GPUs trains a compute-bound transformer at >= 1.85x one GPU's throughput", "At the best configuration"]
-    assert [v.verdict for v in got] == ["TRUE"] * 6, [v.line() for v in got]
+    assert [v.verdict for v in got] == ["TRUE"] * 6, [v.body() for v in got]
     assert [v.verdict for v in C.ddp_verdicts(fakes.no_timeline_ddp(speedup=1.80, hidden_best=0.6))[:2]] == ["FALSE"] * 2
     table = overlap.sweep_table(old)
     assert table["stretch ms"].isna().all() and (table["exposed ms"] == table["step ms"] - table["no_sync ms"]).all()

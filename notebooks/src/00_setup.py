@@ -167,10 +167,10 @@ print("rank processes still alive:", len(procs.leftover_ranks()))
 
 # %% tags=["nbval-ignore-output"]
 if MODE == "multi-gpu":
-    TOPO, TOPO_LABEL = measure.topology(HW), f"live: {HW.fingerprint().split(' | ')[0]}"
+    TOPO, TOPO_LABEL, TOPO_SOURCE = measure.topology(HW), f"live: {HW.fingerprint().split(' | ')[0]}", recorded.live_source()
 else:
     _ref = recorded.load("00_copy_bandwidth")
-    TOPO, TOPO_LABEL = _ref.data.get("topology") or {}, _ref.label
+    TOPO, TOPO_LABEL, TOPO_SOURCE = _ref.data.get("topology") or {}, _ref.label, _ref.source
     print(f"No GPU pair on this machine: the table shows the topology recorded on {_ref.fingerprint}.")
 pd.DataFrame({TOPO_LABEL: measure.topology_rows(TOPO)}) if TOPO else print("(this recording has no topology)")
 
@@ -180,7 +180,7 @@ pd.DataFrame({TOPO_LABEL: measure.topology_rows(TOPO)}) if TOPO else print("(thi
 # them do (no line appears where NVML is not available):
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.topology_verdicts({"topology": TOPO}))
+claims.show(lab_claims.topology_verdicts({"topology": TOPO}), TOPO_SOURCE)
 
 # %% [markdown]
 # Where the links end at NVSwitch chips (the verdict's figure says where they end), every byte for GPU 1
@@ -249,9 +249,12 @@ pd.DataFrame([{"copy": kind, "alpha (us)": f["alpha_us"], "beta (GB/s)": f["beta
 # * *both directions*: if NVLink is full duplex and symmetric, the two directions agree within run-to-run noise
 #   (10%);
 # * *the prediction*: the fit should predict a size inside the range it was fitted on within 10%.
+#
+# Each line ends with its source. On one GPU the host -> GPU sweep is live and the GPU -> GPU one recorded: the
+# first verdict divides one by the other, so its source is `MIXED` and names where each of its two numbers came from.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.copy_verdicts(local.data, peer.data))
+claims.show(lab_claims.copy_verdicts(local.data, peer.data, sources=(local, peer)))
 
 # %% [markdown]
 # **What the curves say**
@@ -310,7 +313,7 @@ print(f"256 MiB cuda:0 -> cuda:1: predicted {pred_ms:.3f} ms, measured {meas_ms:
 #   which large copies hide behind the transfer. Every verdict of this lab, with the numbers behind it:
 
 # %% tags=["nbval-ignore-output"]
-claims.table(lab_claims.all_verdicts(local.data, peer.data))
+claims.table(lab_claims.all_verdicts(local.data, peer.data, sources=(local, peer)))
 
 # %% [markdown]
 # **Next:** lab 01 takes the first source's `torch.cuda.comm` tutorial, runs its code as written, and measures

@@ -397,7 +397,7 @@ pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
 # bandwidth (≥ 0.9). And the model is judged like lab 00's: one α and one β within 25% at every size.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.tip1_verdicts(SWEEP.data))
+claims.show(lab_claims.tip1_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Far below $n_{1/2}$ the time hardly changes with size (the table's first rows): the bytes are
@@ -431,7 +431,7 @@ claims.show(lab_claims.tip1_verdicts(SWEEP.data))
 # at the largest size measured and at the smallest.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.shrink_verdicts(SWEEP.data))
+claims.show(lab_claims.shrink_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Well above $n_{1/2}$ time follows bytes, so shrinking pays in proportion; far below it the
@@ -470,7 +470,7 @@ plots.bar_plot(list(dt_ms), list(dt_ms.values()), ylabel="time (ms)", annotate="
 
 # %% tags=["nbval-ignore-output"]
 print(f"your prediction of fp16 / fp32: {my_prediction_fp16_ratio}")
-claims.show(lab_claims.dtype_verdicts(API.data, DT.data))
+claims.show(lab_claims.dtype_verdicts(API.data, DT.data), [API, DT])
 
 # %% [markdown]
 # **Explain.** Payload bytes set the time of a large transfer, so a narrower dtype is the real
@@ -520,7 +520,7 @@ pd.DataFrame({"tensors": counts, "loop (ms)": [t["median_ms"] for t in MANY.data
 # time if they account for at least half of it.
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.many_verdicts(MANY.data))
+claims.show(lab_claims.many_verdicts(MANY.data), MANY)
 
 # %% [markdown]
 # **Explain.** Each call pays a fixed cost (Python, an output allocation, an NCCL group launch), so a loop
@@ -615,14 +615,14 @@ pd.DataFrame({bandwidth.format_size(s) + " (us)": {case: ts[i]["median_ms"] * 1e
 # all-reduce's shows it; a redundant copy, or a slower path, must cost at least 20% or 10% more, beyond noise):
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data))
+claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF])
 
 # %% [markdown]
 # And the fallback's copies against NCCL: between two GPUs, is a plain peer copy slower than NCCL's
 # broadcast kernel? From the sweep of section 4.1, at the large sizes (no worse means a ratio of at least 1):
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.peer_copy_verdicts(SWEEP.data))
+claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **Explain.** Listing the source GPU in `broadcast` is *not* redundant: that entry is the source tensor
@@ -703,8 +703,10 @@ widgets.interact(explore,
 # Every verdict of this lab, with the numbers behind it:
 
 # %% tags=["nbval-ignore-output"]
-claims.table(lab_claims.sweep_verdicts(SWEEP.data) + lab_claims.dtype_verdicts(API.data, DT.data)
-             + lab_claims.many_verdicts(MANY.data) + lab_claims.redundant_verdicts(RED.data, PROF.data))
+claims.table(claims.sourced(lab_claims.sweep_verdicts(SWEEP.data), SWEEP)
+             + claims.sourced(lab_claims.dtype_verdicts(API.data, DT.data), [API, DT])
+             + claims.sourced(lab_claims.many_verdicts(MANY.data), MANY)
+             + claims.sourced(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF]))
 
 # %% [markdown]
 # **What to remember**

@@ -123,7 +123,7 @@ pd.DataFrame({where: {"exit code": run.get("returncode"), "exception": run.get("
                       "seconds": run.get("seconds")} for where, run in RUNS.items()})
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data))
+claims.show(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data), AS_WRITTEN)
 print("\nthe end of what the program wrote on this machine:\n")
 print(list(RUNS.values())[-1].get("output_tail", "(not recorded)"))
 
@@ -306,7 +306,7 @@ pd.DataFrame({(op, what): [v * 1e3 if what == "time (µs)" else v for v in OPS[o
              index=pd.Index([bandwidth.format_size(s) for s in sizes], name="S")).round(1)
 
 # %% tags=["nbval-ignore-output"]
-claims.show(sweep_verdicts(SWEEP.data))
+claims.show(sweep_verdicts(SWEEP.data), SWEEP)
 
 # %% [markdown]
 # **What the numbers say.** Every call pays a fixed cost — the host's work to issue it, the launch of NCCL's
@@ -353,7 +353,7 @@ if LINK:
                            title=f"{bandwidth.format_size(LINK['size_bytes'])} between two GPUs, every path — "
                                  f"{SWEEP.label}"))
     display(link_rows[["engine", "directions", "ctas", "time_ms", "gbps_per_direction", "spread"]].round(3))
-    claims.show(paths_verdicts(LINK))
+    claims.show(paths_verdicts(LINK), SWEEP)
 else:
     print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
 
@@ -426,7 +426,7 @@ for path in ("tensor", "object"):
     b = link.get(f"{path}_link_bytes_per_call")
     print(f"NVLink bytes per call, {path} path, {bandwidth.format_size(link['size_bytes'])} per rank: "
           + (f"{b / link['payload_bytes_per_call']:.3f} x the payload" if b is not None else "no NVML counter here"))
-claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data))
+claims.show(CLAIMS["02_object_vs_tensor"](OBJ.data), OBJ)
 
 # %% [markdown]
 # **Verdict.** The first line judges the claim by the bytes: if NCCL serialised a tensor, NVLink would carry
@@ -577,7 +577,7 @@ display(pd.DataFrame({"step (ms)": step, "compute per rank (ms)": [[round(x, 3) 
                       "all_gather per rank (ms)": [[round(x, 3) for x in g] for g in d["all_gather_ms"]]},
                      index=pd.Index(d["factors"], name="k")).round(3))
 print(f"step at k = {d['factors'][-1]} / step at k = 1: {step[-1] / step[0]:.2f}")
-claims.show(CLAIMS["02_partitions"](PART.data))
+claims.show(CLAIMS["02_partitions"](PART.data), PART)
 
 # %% [markdown]
 # **Reading it.** Rank 0's work grows with k; the fast ranks have the same work at every k, so whatever they
@@ -829,7 +829,7 @@ display(pd.DataFrame({"all-reduce size": [bandwidth.format_size(r["allreduce_byt
                       "speedup fwd+bwd": speed["train"], "model fwd+bwd": model_train},
                      index=pd.Index(hs, name="hidden")).round(3))
 print(f"all_reduce fit from section 2: {FIT}   (largest deviation {FIT.max_rel_err:.0%})")
-claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
+claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data), [SWEEP, TP])
 
 # %% [markdown]
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
@@ -966,12 +966,11 @@ widgets.interact(explore,
 # %% [markdown]
 # ## 6 · Summary
 #
-# Every verdict of this lab, from the runs above ("RECORDED" where they came from the 2×H200 recording):
+# Every verdict of this lab, from the runs above; the source column says, row by row, whether its numbers
+# were measured live or come from a recording (which machine, which date):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["02_source_nccl_error"](AS_WRITTEN.data) + CLAIMS["02_collectives"](SWEEP.data)
-             + CLAIMS["02_object_vs_tensor"](OBJ.data) + CLAIMS["02_partitions"](PART.data)
-             + CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data))
+claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, OBJ, PART, (SWEEP, TP)))
 
 # %% [markdown]
 # **Take-aways.** Put tensors where the backend moves them; make every rank agree on the data and the sizes;

@@ -221,7 +221,7 @@ GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool
     world_size=2, backend="gloo", output="quiet", wait=False)
 SRC_NCCL = recorded.live_or_recorded("03_source_on_nccl",
                                      lambda: exchange.attempt(POOL.run, exchange.source_as_written), gpus_needed=2)
-claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data))
+claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data), SRC_NCCL)
 
 # %% [markdown]
 # ### 1c · What `final_result` holds
@@ -270,7 +270,7 @@ pd.set_option("display.max_colwidth", None)   # tables show whole lines: a messa
 # %% tags=["nbval-ignore-output"]
 EXCHANGE = recorded.live_or_recorded("03_exchange_variants", lambda: EXCHANGE_RUNS.wait(), gpus_needed=2)
 display(repro.table(EXCHANGE.data))
-claims.show(CLAIMS["03_exchange_variants"](EXCHANGE.data))
+claims.show(CLAIMS["03_exchange_variants"](EXCHANGE.data), EXCHANGE)
 print(f"your prediction: {my_prediction_gpu}")
 
 # %% [markdown]
@@ -459,7 +459,7 @@ display(pd.DataFrame({"measured": {
     "copy on the current stream after wait() was correct": wd["after_wait_ok"],
     "copy on another stream after wait() was stale": wd["other_stream_stale"],
     "received elements the sender overwrote after isend returned": f"{wd['send_race_fraction']:.1%}"}}))
-claims.show(CLAIMS["03_wait_nccl"](wd))
+claims.show(CLAIMS["03_wait_nccl"](wd), W)
 labels, values = ["host time in wait()", "until synchronize()"], [wd["wait_ms"], wd["sync_ms"]]
 if my_prediction_wait_ms is not None:
     labels, values = labels + ["your prediction"], values + [float(my_prediction_wait_ms)]
@@ -529,7 +529,7 @@ for value, style, label in ((my_prediction_efficiency, "--", "your prediction (a
 fig
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["03_overlap"](OV.data))
+claims.show(CLAIMS["03_overlap"](OV.data), OV)
 
 # %% [markdown]
 # The timeline of rank 0's last back-to-back and overlapped samples, for a matmul with an NCCL all_reduce,
@@ -742,7 +742,7 @@ display(pd.DataFrame({"side stream busy first": [f"{race['delay_ms']:g} ms", f"{
                       "main.wait_stream(side) before the overwrite": ["no", "yes", "no", "yes"],
                       "saved elements holding step 2's value": [f"{race[k]:.1%}" for k in
                                                                  ("unsynced_delayed", "fixed_delayed", "unsynced", "fixed")]}))
-claims.show(CLAIMS["03_one_gpu_streams"](ONE.data))
+claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
 
 # %% [markdown]
 # **Reading it.** A copy engine needs no SMs, and a matmul touches little memory for the work it does, so on one
@@ -809,7 +809,7 @@ plots.bandwidth_plot(rd["size_bytes"], series, peak_gbps=HW.link_peak_gbps if RI
                      title=f"all-gather three ways, {rd['world_size']} ranks ({RING.label})")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["03_ring_vs_nccl"](rd))
+claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 
 # %% [markdown]
 # **Reading it.** Without NCCL every byte crosses host memory twice and a TCP socket once, on the CPU; the
@@ -855,9 +855,7 @@ ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=GLOO)
 # Every verdict of this lab, formatted from its measurements (live or recorded, as labelled above):
 
 # %% tags=["nbval-ignore-output"]
-ALL = {"03_source_on_nccl": SRC_NCCL, "03_exchange_variants": EXCHANGE, "03_wait_nccl": W, "03_overlap": OV,
-       "03_one_gpu_streams": ONE, "03_ring_vs_nccl": RING}
-claims.table([v for name, m in ALL.items() for v in CLAIMS[name](m.data)])
+claims.table(claims.judge(CLAIMS, SRC_NCCL, EXCHANGE, W, OV, ONE, RING))
 
 # %% [markdown]
 # **What to remember**

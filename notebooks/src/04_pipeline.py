@@ -136,7 +136,7 @@ display(pd.DataFrame([{"": name, "ms per step": t, "speedup over one GPU back to
 print(f"your prediction: {my_prediction_naive_speedup}   [{naive_m.label}]")
 print("in the split step, " + "; ".join(f"{lane} is busy {1 - idle:.0%} of the step"
                                          for lane, idle in naive_bubble["bubble"].items()))
-claims.show(CLAIMS["04_naive_one_process"](nd))
+claims.show(CLAIMS["04_naive_one_process"](nd), naive_m)
 
 # %% tags=["nbval-ignore-output"]
 plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {naive_m.label}")
@@ -397,7 +397,7 @@ busy = [b[0] for b in B["busy_ms_per_rank"]]
 print("stage 0's compute per step (sum of its spans): " +
       ", ".join(f"m = {m}: {b:.1f} ms" for m, b in zip(ms, busy)))
 print(f"your predictions at m = 8: bubble {my_prediction_bubble_m8}, speedup {my_prediction_speedup_m8}")
-claims.show(bubble_verdicts(B))
+claims.show(bubble_verdicts(B), bench)
 
 # %% [markdown]
 # **What the numbers say.** With few, large micro-batches the per-micro-batch costs that the formula leaves out
@@ -434,7 +434,7 @@ display(pd.DataFrame({"message": [bandwidth.format_size(s) for s in p2p["size_by
                       "share of the step (%)": [100 * m * (f + b) / t for m, f, b, t in
                                                 zip(ms, p2p["fwd_ms"], p2p["bwd_ms"], B["step_ms"])]},
                      index=pd.Index(ms, name="m")).round(3))
-claims.show(traffic_verdicts(B))
+claims.show(traffic_verdicts(B), bench)
 
 # %% [markdown]
 # **Verdict on "only pass the necessary features".** The two verdicts above judge the claim in bytes (the
@@ -519,7 +519,7 @@ else:
     display(pd.DataFrame(table).T.round(2))
     print(f"step time at m = {m_s}: ours {B['step_ms'][ms.index(m_s)]:.1f} ms, " +
           ", ".join(f"torch {k} {v:.1f} ms" for k, v in B["schedules_ms"].items()))
-claims.show(memory_verdicts(B))
+claims.show(memory_verdicts(B), bench)
 
 # %% tags=["nbval-ignore-output"]
 if mem["one micro-batch kept"][0] is not None:
@@ -590,7 +590,7 @@ widgets.interactive(explore,
 # The claims of this lab, judged from the numbers measured above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["04_naive_one_process"](nd) + CLAIMS["04_pipeline_bench"](B))
+claims.table(claims.sourced(CLAIMS["04_naive_one_process"](nd), naive_m) + claims.sourced(CLAIMS["04_pipeline_bench"](B), bench))
 
 # %% [markdown]
 # * Splitting a model over GPUs computes exactly the same thing (checked to float64 precision, forward and

@@ -339,7 +339,7 @@ for where, data in outcomes.items():
         ERR_S[f"raw {which} mistake, {where.split()[0]}"] = o["seconds"]
 check.prediction_outcome(my_prediction_shapes,
                          {where: data["shapes"]["outcome"].split(":")[0] for where, data in outcomes.items()})
-claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data))
+claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data), nccl)
 
 # %% [markdown]
 # **What that says.** Neither backend checks that the calls match, so a mismatch does whatever the mismatched
@@ -381,7 +381,7 @@ wrong_device = recorded.live_or_recorded(
 print(f"NCCL + CPU tensor [{wrong_device.label}]:\n  {wrong_device.data['message'][:300]}")
 print("gloo + CPU tensor (this machine):", detail[0]["wrong device (CPU tensor)"] if MODE != "multi-gpu" else "not run")
 print("labutils' hint for it:", labutils.errors.hint_for(wrong_device.data["message"]))
-claims.show(CLAIMS["05_wrong_device_nccl"](wrong_device.data))
+claims.show(CLAIMS["05_wrong_device_nccl"](wrong_device.data), wrong_device)
 
 # %% [markdown]
 # Two more device mistakes that labutils' launch rules out, worth knowing when you write the set-up yourself: a
@@ -438,14 +438,14 @@ def cause_two_ranks_one_gpu(timeout_s, pg_timeout_s, mark="LAB05_TWO_RANKS_ONE_G
 # %% tags=["nbval-ignore-output"]
 DUP = recorded.live_or_recorded("05_two_ranks_one_gpu", lambda: cause_two_ranks_one_gpu(HANG_S, PG_TIMEOUT_S),
                                 gpus_needed=1)
-ERR_S[f"two ranks on one GPU ({'live' if DUP.live else 'recorded'})"] = DUP.data["seconds"]
+ERR_S["two ranks on one GPU, nccl"] = DUP.data["seconds"]
 print(f"two ranks on cuda:0 [{DUP.label}] -> {DUP.data['outcome']} after {DUP.data['seconds']:g} s")
 for ln in DUP.data["message"].splitlines()[:12]:
     print("  ", ln[:200])
 print("NCCL's own words:", *(f"\n   {ln.strip()[:200]}" for ln in DUP.data["nccl_warn"][:3]))
 print("labutils' hint for it:", labutils.errors.hint_for(DUP.data["message"]) or "none")
 print(f"your prediction: {my_prediction_two_ranks_one_gpu}")
-claims.show(CLAIMS["05_two_ranks_one_gpu"](DUP.data))
+claims.show(CLAIMS["05_two_ranks_one_gpu"](DUP.data), DUP)
 
 # %% [markdown]
 # **Reading it.** NCCL's communicator set-up gathers every rank's PCI bus id and, where two are equal, returns
@@ -569,7 +569,7 @@ print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info
 display(pd.DataFrame(topology.links_table(info)))
 for path in topology.gpu_paths(info):
     print(topology.describe_path(path, info))
-claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
+claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data), nccl_log)
 
 # %% [markdown]
 # `NVS` is an **NVSwitch**: the GPUs' NVLinks do not go to each other but to the switch chips of the board,
@@ -605,7 +605,7 @@ for ln in one_log.data["log"].splitlines()[:20]:
     print("  ", ln[:160])
 print()
 print(debugging.summarize_nccl(one_info))
-claims.show(CLAIMS["05_nccl_one_rank"](one_log.data))
+claims.show(CLAIMS["05_nccl_one_rank"](one_log.data), one_log)
 
 # %% [markdown]
 # ## 8 · What torch's timeout left behind
@@ -624,7 +624,7 @@ for where, r in runs.items():
     print(f"--- {where}: error after {r['seconds']} s\n{r['error'][:600]}")
     print("flight-recorder dumps written by torch:", r["dumps"] or "none")
     print("first divergence:", r["divergence"])
-claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
+claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data), nccl_timeout)
 
 # %% [markdown]
 # **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
@@ -727,17 +727,21 @@ print(f"demonstrations still running: {len(BACKGROUND.running())}; rank processe
 port_error = port["taken"].error
 verdicts = [claims.Verdict("Source 002: init_method='tcp://localhost:23456' works when the port is already taken",
                            f"rank {port_error.rank}: {port_error.exc_type}" if port_error else "no error",
-                           "TRUE if the launch returns", claims.FALSE if port_error else claims.TRUE)]
-verdicts += CLAIMS["05_raw_mistakes_nccl"](nccl.data) + CLAIMS["05_wrong_device_nccl"](wrong_device.data)
-verdicts += CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data) + CLAIMS["05_nccl_debug_info"](nccl_log.data)
-verdicts += CLAIMS["05_two_ranks_one_gpu"](DUP.data) + CLAIMS["05_nccl_one_rank"](one_log.data)
+                           "TRUE if the launch returns", claims.FALSE if port_error else claims.TRUE,
+                           recorded.live_source())]   # tried on this machine in section 6
+verdicts += claims.judge(CLAIMS, nccl, wrong_device, nccl_timeout, nccl_log, DUP, one_log)
 claims.table(verdicts)
 
 # %% [markdown]
-# How long each failure took to surface on this machine (a hang costs its timeout; an error, seconds):
+# How long each failure took to surface (a hang costs its timeout; an error, seconds), and where each was
+# measured: the NCCL rows come from the NCCL runs above (live on two GPUs, else their recording), the others
+# from this machine:
 
 # %% tags=["nbval-ignore-output"]
-pd.DataFrame({"seconds": ERR_S}).round(1)
+ERR_FROM = {k: (nccl_timeout if k.startswith("torch's own timeout") else DUP if k.startswith("two ranks on one GPU")
+                 else nccl).source if k.endswith(", nccl")
+            else recorded.live_source() for k in ERR_S}
+pd.DataFrame({"seconds": ERR_S, "source": ERR_FROM}).round(1)
 
 # %% [markdown]
 # **Next:** lab 06 benchmarks every collective the way nccl-tests does — with the ranks you now know how to

@@ -231,7 +231,7 @@ plots.time_plot(sizes, series, fits={c: FITS[c] for c in SHOW}, title=f"time vs 
 # a quarter is a rough guide, not a model to predict with.
 
 # %% tags=["nbval-ignore-output"]
-V_SWEEP = CLAIMS["06_bench_sweep"](SWEEP.data)
+V_SWEEP = claims.sourced(CLAIMS["06_bench_sweep"](SWEEP.data), SWEEP)
 VERDICTS += V_SWEEP
 claims.show(V_SWEEP)
 
@@ -341,7 +341,7 @@ if ALPHA is not None:
     display(pd.Series(split, name="µs").round(1).to_frame().rename_axis(f"8-byte all_reduce — {ALPHA.label}"))
     if my_prediction_kernel_share is not None:
         print(f"kernel share: {a['device_share']:.0%}; you predicted {my_prediction_kernel_share:.0%}")
-    V_ALPHA = CLAIMS["06_alpha_split"](ALPHA.data)
+    V_ALPHA = claims.sourced(CLAIMS["06_alpha_split"](ALPHA.data), ALPHA)
     VERDICTS += V_ALPHA
     claims.show(V_ALPHA)
     if ALPHA.live:
@@ -443,7 +443,7 @@ if CAPTURE is not None:
     display(pd.Series({k: v for k, v in per_call.items() if v is not None}, name="µs per call").round(1).to_frame()
             .rename_axis(f"8-byte all_reduce, the same ranks in turn — {CAPTURE.label}"))
     print(f"replayed all_reduces right on every rank: {all(c['correct'])}")
-    V_CAPTURE = CLAIMS["06_graph_capture"](c)
+    V_CAPTURE = claims.sourced(CLAIMS["06_graph_capture"](c), CAPTURE)
     VERDICTS += V_CAPTURE
     claims.show(V_CAPTURE)
 
@@ -485,7 +485,7 @@ if GRAPH is not None:
     GDOC = report.make_doc(GRAPH.data, fingerprint=GRAPH.fingerprint, command="notebook 06 (-G 20)",
                            recorded_at=GRAPH.recorded_at)
     print("\n".join(report.table_lines(GDOC)))
-    V_GRAPH = CLAIMS["06_bench_graph"](GRAPH.data)
+    V_GRAPH = claims.sourced(CLAIMS["06_bench_graph"](GRAPH.data), GRAPH)
     VERDICTS += V_GRAPH
     claims.show(V_GRAPH)
 
@@ -575,7 +575,7 @@ if ONE_GPU is not None:
     print(f"replayed kernels right: {k['correct']}")
     if my_prediction_launch_us is not None:
         print(f"host launch per call: {k['host_us']:.1f} µs; you predicted {float(my_prediction_launch_us):.1f} µs")
-    V_ONE_GPU = CLAIMS["06_one_gpu_launch"](k)
+    V_ONE_GPU = claims.sourced(CLAIMS["06_one_gpu_launch"](k), ONE_GPU)
     VERDICTS += V_ONE_GPU
     claims.show(V_ONE_GPU)
 
@@ -660,7 +660,8 @@ else:
                           for s, (o, b) in eager_pairs.items() if s < LARGE_MIN]
                          ).set_index("size").round(2).rename_axis(f"{SWEEP.label}; graph: "
                                                                   f"{GRAPH.label if GRAPH else 'none'}"))
-    V_DUPLEX = CLAIMS[("06_bench_sweep", "06_bench_graph")](SWEEP.data, GRAPH.data) if GRAPH is not None else []
+    V_DUPLEX = (claims.sourced(CLAIMS[("06_bench_sweep", "06_bench_graph")](SWEEP.data, GRAPH.data),
+                                {"eager sweep": SWEEP, "graph sweep": GRAPH}) if GRAPH is not None else [])
     VERDICTS += V_DUPLEX
     claims.show(V_DUPLEX)
 if DUPLEX is not None:
@@ -677,7 +678,7 @@ if DUPLEX is not None:
     display(pd.DataFrame(rows).set_index("size").round(2).rename_axis(DUPLEX.label))
     if params is None:
         print("NCCL channels: no NCCL start-up log of this machine and two ranks recorded (lab 05 records one).")
-    V_LARGE = CLAIMS["06_duplex"](DUPLEX.data)
+    V_LARGE = claims.sourced(CLAIMS["06_duplex"](DUPLEX.data), DUPLEX)
     VERDICTS += V_LARGE
     claims.show(V_LARGE)
 measured = {**{s: b["time_us"] / o["time_us"] for s, (o, b) in eager_pairs.items()},
@@ -777,7 +778,8 @@ if "04" in LABS:
                            "send_recv fit (µs)": us(t["predicted_ms"]), "send_recv / measured": t["ratio"],
                            "note": o["note"] or t["note"]} for o, t in zip(one, two)]).set_index("op").round(2)
             .rename_axis(f"lab 04: {lab04.label}; fits: {SWEEP.label}"))
-    V_04 = CLAIMS[("06_bench_sweep", "04_comm_summary")](SWEEP.data, lab04.data)
+    V_04 = claims.sourced(CLAIMS[("06_bench_sweep", "04_comm_summary")](SWEEP.data, lab04.data),
+                         {"fits": SWEEP, "lab 04": lab04})
     VERDICTS += V_04
     claims.show(V_04)
 
@@ -816,7 +818,8 @@ if "02" in LABS:
                           for o, e, g, t in zip(ops02, eager02, graph02, transfer02)]).set_index("op").round(2)
             .rename_axis(f"lab 02: {lab02.label}; fits: {SWEEP.label}"))
     if device:
-        V_02 = CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")](SWEEP.data, device, lab02.data)
+        V_02 = claims.sourced(CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")](SWEEP.data, device, lab02.data),
+                             {"eager fit": SWEEP, "device fit": GRAPH, "lab 02": lab02})
         VERDICTS += V_02
         claims.show(V_02)
     if not has_transfer_times(lab02.data):

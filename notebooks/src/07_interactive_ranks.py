@@ -100,12 +100,14 @@ except FileNotFoundError:
     print("(no 2×H200 recording of this measurement yet: showing this machine only)")
 
 sources = {"this machine": here}
+where = {"this machine": recorded.live_source()}
 if ref is not None and not ref.live:
-    sources[ref.label] = ref.data
+    sources[ref.label], where[ref.label] = ref.data, ref.source
 for name, data in sources.items():
     print(f"{name}:")
-    claims.show(lab_claims.roundtrip_verdicts(data))
-ROUNDTRIP = lab_claims.roundtrip_verdicts(ref.data if ref is not None else here)
+    claims.show(lab_claims.roundtrip_verdicts(data), where[name])
+ROUNDTRIP = claims.sourced(lab_claims.roundtrip_verdicts(ref.data if ref is not None else here),
+                           ref if ref is not None else recorded.live_source())
 measure.table(sources)
 
 # %% tags=["nbval-ignore-output"]
@@ -185,7 +187,7 @@ x = x * (rank + 1)
 # %%
 print([t.tolist() for t in x], steps)
 STATE = lab_claims.state_kept(steps, 1)
-claims.show(STATE)
+claims.show(STATE, recorded.live_source())
 lr = 0.5
 %ranks push lr
 xs = %ranks fetch x
@@ -243,7 +245,7 @@ print(f"rank {rank} done")
 # %%
 AFTER_ERROR = lab_claims.pool_kept("an exception in one rank", pids_before, pool.status().pids,
                                   pool.fetch("steps"), 1)
-claims.show(AFTER_ERROR)
+claims.show(AFTER_ERROR, recorded.live_source())
 
 # %% [markdown]
 # **An interrupt.** The Interrupt button (■ in the toolbar, or *Kernel → Interrupt Kernel*) sends SIGINT to
@@ -260,7 +262,7 @@ pool.exec("import time\nprint(f'rank {rank} sleeps')\ntime.sleep(60)")
 
 # %%
 AFTER_INTERRUPT = lab_claims.pool_kept("an interrupt", pids_before, pool.status().pids, pool.fetch("lr"), 0.5)
-claims.show(AFTER_INTERRUPT)
+claims.show(AFTER_INTERRUPT, recorded.live_source())
 restarts_before = pool.restarts
 
 # %% [markdown]
@@ -283,7 +285,7 @@ print(f"rank {rank} after")
 
 # %%
 AFTER_HANG = lab_claims.pool_restarted(restarts_before, pool.restarts)
-claims.show(AFTER_HANG)
+claims.show(AFTER_HANG, recorded.live_source())
 
 # %% [markdown]
 # | what happened | what you get | pool |
@@ -302,7 +304,7 @@ claims.show(AFTER_HANG)
 # this machine has fewer GPUs), the pool's behaviour from the cells above.
 
 # %% tags=["nbval-ignore-output"]
-claims.table([*ROUNDTRIP, STATE, AFTER_ERROR, AFTER_INTERRUPT, AFTER_HANG])
+claims.table([*ROUNDTRIP, STATE, AFTER_ERROR, AFTER_INTERRUPT, AFTER_HANG], recorded.live_source())
 
 # %% [markdown]
 # **Two styles.** `labutils.launch(fn)`: fresh processes per call — clean state, exact failure isolation,

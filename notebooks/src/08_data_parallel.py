@@ -315,7 +315,7 @@ plots.line_plot(caps, {"DDP step": [r["step_ms"] for r in caps_rows],
                 prediction=star, title=f"DDP step vs bucket size, NCCL's default CTAs — {DDP_M.label}")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.ddp_verdicts(D))
+claims.show(lab_claims.ddp_verdicts(D), DDP_M)
 
 # %% [markdown]
 # **The thresholds.** At least 1.85 times one GPU's throughput on 2 GPUs, and at least 70% of the all-reduce's
@@ -551,7 +551,7 @@ pd.DataFrame([{"scheme": r["scheme"] + (" (by hand)" if r["scheme"] == "DDP" els
               for r in Z["rows"]]).style.format(precision=3).hide(axis="index")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.zero_verdicts(Z))
+claims.show(lab_claims.zero_verdicts(Z), ZERO_M)
 
 # %% [markdown]
 # **What this says.** The formula counts the model states only; the measurement adds the batch's activations
@@ -647,7 +647,7 @@ plots.bar_plot(names, [r["state_bytes"] / 2**30 for r in FS["rows"]], ylabel="Gi
                title=f"weights + gradients + Adam state per GPU — {FSDP_M.label}")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(lab_claims.fsdp_verdicts(FS))
+claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 
 # %% [markdown]
 # **What this says.** FSDP2 shards the weights, the gradients and Adam's state, so its state per GPU is
@@ -679,7 +679,8 @@ claims.show(lab_claims.fsdp_verdicts(FS))
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(lab_claims.ddp_verdicts(D) + lab_claims.zero_verdicts(Z) + lab_claims.fsdp_verdicts(FS))
+claims.table(claims.sourced(lab_claims.ddp_verdicts(D), DDP_M) + claims.sourced(lab_claims.zero_verdicts(Z), ZERO_M)
+             + claims.sourced(lab_claims.fsdp_verdicts(FS), FSDP_M))
 
 # %% [markdown]
 # * The source's §2.1 is data parallelism: replicate, split the batch, all-reduce the gradients — and the

@@ -191,7 +191,7 @@ pd.DataFrame({"size": [bandwidth.format_size(s) for s in A2A.data["size_bytes"]]
               "all_gather busbw (GB/s)": OPS["all_gather_into_tensor"]["busbw_gbps"]}).round(1)
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["09_a2a_sweep"](A2A.data))
+claims.show(CLAIMS["09_a2a_sweep"](A2A.data), A2A)
 
 # %% [markdown]
 # **Reading it.** Where the time hardly moves with the size, it is alpha: the fixed cost of launching the
@@ -433,7 +433,7 @@ display(pd.DataFrame({"router bias": S["router_bias"], "expert 0's share": S["ho
                       "busiest expert (rows)": S["max_expert_rows"], "dispatch (ms)": S["dispatch_ms"],
                       "dispatch p10 (ms)": S.get("dispatch_p10_ms"), "dispatch p90 (ms)": S.get("dispatch_p90_ms"),
                       "MoE layer (ms)": S["layer_ms"]}).round(3))
-claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data))
+claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data), {"all_to_all sweep": A2A, "MoE": MOE})
 
 # %% [markdown]
 # **Reading it.** Besides the rows, a dispatch sorts the rows by destination, counts them, exchanges the counts
@@ -787,7 +787,7 @@ display(pd.DataFrame({name: {"held after forward (MiB)": m["held_bytes"] / 2**20
 ratio = mem["SP"]["held_bytes"] / mem["TP"]["held_bytes"]
 print(f"[{SPM.label}] SP / TP held after forward: {ratio:.2f}"
       + (f" (your prediction: {my_prediction_sp_memory_ratio})" if my_prediction_sp_memory_ratio else ""))
-claims.show(CLAIMS["09_sp_block"](SPM.data))
+claims.show(CLAIMS["09_sp_block"](SPM.data), SPM)
 
 # %% [markdown]
 # **Reading it.** What SP saves is the h-wide activations it no longer replicates; the f-wide ones, already
@@ -926,7 +926,7 @@ display(pd.DataFrame(DT.data["time_ms"], index=pd.Index(DT.data["tokens"], name=
 display(pd.DataFrame({k: {"held after forward (MiB)": m["held_bytes"] / 2**20,
                           "peak, forward + backward (MiB)": m["peak_bytes"] / 2**20}
                       for k, m in DT.data["memory"].items()}).round(1))
-claims.show(CLAIMS["09_dtensor"](DT.data))
+claims.show(CLAIMS["09_dtensor"](DT.data), DT)
 
 # %% [markdown]
 # **Reading it.** The collectives are the same (checked above); what DTensor adds is work on the CPU, paid
@@ -982,7 +982,7 @@ DT1 = recorded.live_or_recorded("09_dtensor_one_rank", lambda: measure_dtensor_o
 display(pd.DataFrame({f"{k} (ms)": v for k, v in DT1.data["time_ms"].items()},
                      index=pd.Index(DT1.data["tokens"], name="tokens")).round(3)
         .rename_axis(f"one rank, hidden {DT1.data['hidden']}, ffn {DT1.data['ffn']} — {DT1.label}"))
-claims.show(CLAIMS["09_dtensor_one_rank"](DT1.data))
+claims.show(CLAIMS["09_dtensor_one_rank"](DT1.data), DT1)
 
 # %% [markdown]
 # **Reading it.** With one rank the "communication" is gone, so a DTensor column above its hand-written column is
@@ -993,9 +993,7 @@ claims.show(CLAIMS["09_dtensor_one_rank"](DT1.data))
 # ## 5 · Summary
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["09_a2a_sweep"](A2A.data) + CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data)
-             + CLAIMS["09_sp_block"](SPM.data) + CLAIMS["09_dtensor"](DT.data)
-             + CLAIMS["09_dtensor_one_rank"](DT1.data))
+claims.table(claims.judge(CLAIMS, A2A, (A2A, MOE), SPM, DT, DT1))
 
 # %% [markdown]
 # * `all_to_all_single` transposes blocks between ranks; uneven splits must agree across ranks, which NCCL

@@ -3,6 +3,10 @@
 ``CLAIMS`` maps the recordings ``00_copy_local`` (host<->GPU, on one GPU) and ``00_copy_bandwidth``
 (GPU to GPU, with the topology of the machine that measured it) to ``all_verdicts``; the notebook
 prints its lines and ``tests/test_claims.py`` re-derives them from ``notebooks/recorded/00_*.json``.
+
+The host<->GPU sweep needs one GPU and the GPU-to-GPU one two, so on one GPU the first is live and the
+second recorded: ``sources=(local, peer)`` (the two ``Measurement``s) gives each verdict the source of the
+numbers it rests on, and the one verdict that divides one by the other a ``MIXED`` source naming both.
 """
 from __future__ import annotations
 
@@ -39,7 +43,14 @@ def topology_verdicts(peer: dict) -> list[claims.Verdict]:
                            figure=f"GPU 0's {links} active NVLinks end at: {ends} (NVML)")]
 
 
-def copy_verdicts(local: dict, peer: dict) -> list[claims.Verdict]:
+def _sourced(verdicts: list[claims.Verdict], source) -> list[claims.Verdict]:
+    return verdicts if source is None else claims.sourced(verdicts, source)
+
+
+def copy_verdicts(local: dict, peer: dict, sources: tuple | None = None) -> list[claims.Verdict]:
+    """The copies' verdicts; with ``sources=(local_measurement, peer_measurement)`` each carries its source."""
+    local_src, peer_src = sources or (None, None)
+    both = None if sources is None else {"GPU0 -> GPU1": peer_src, "host -> GPU": local_src}
     big = format_size(peer["size_bytes"][-1])
     p2p, h2d = _at_largest(peer, PEER), _at_largest(local, H2D)
     fit = AlphaBeta(**peer["fits"][PEER])
@@ -47,6 +58,7 @@ def copy_verdicts(local: dict, peer: dict) -> list[claims.Verdict]:
         "a copy over PCIe (host -> GPU, pinned) is one to two orders of magnitude slower than GPU -> GPU over NVLink",
         p2p / h2d, ORDER_OF_MAGNITUDE,
         figure=f"at {big}: GPU0 -> GPU1 {p2p:.0f} GB/s, host -> GPU {h2d:.0f} GB/s: {p2p / h2d:.1f}x")]
+    out = _sourced(out, both)
     data_peak = (peer.get("topology") or {}).get("link_data_peak_gbps")
     line_peak = (peer.get("topology") or {}).get("link_peak_gbps")
     if data_peak:
@@ -60,9 +72,10 @@ def copy_verdicts(local: dict, peer: dict) -> list[claims.Verdict]:
         figure=f"{fit}; n1/2 = {format_size(fit.half_bw_bytes)}; largest deviation {fit.max_rel_err:.0%} "
                f"over {len(peer['size_bytes'])} sizes"))
     pageable = _at_largest(local, PAGEABLE)
-    out.append(claims.at_least(
+    out += _sourced([claims.at_least(
         "pinned host memory copies faster than pageable memory (no bounce buffer)", h2d / pageable, PINNED_GAIN,
-        figure=f"host -> GPU at {big}: pinned {h2d:.0f} GB/s, pageable {pageable:.0f} GB/s: {h2d / pageable:.1f}x"))
+        figure=f"host -> GPU at {big}: pinned {h2d:.0f} GB/s, pageable {pageable:.0f} GB/s: {h2d / pageable:.1f}x")],
+        local_src)
     back = _at_largest(peer, BACK)
     out.append(claims.within(
         "both directions of the GPU pair copy equally fast", back, p2p, SAME_BOTH_WAYS,
@@ -73,12 +86,12 @@ def copy_verdicts(local: dict, peer: dict) -> list[claims.Verdict]:
         out.append(claims.within(
             f"the fit predicts a {format_size(PREDICTED_SIZE)} GPU -> GPU copy", predicted, measured,
             PREDICTION_TOLERANCE, figure=f"predicted {predicted:.3f} ms, measured {measured:.3f} ms"))
-    return out
+    return _sourced(out, peer_src)   # the rest rest on the GPU-to-GPU sweep alone
 
 
-def all_verdicts(local: dict, peer: dict) -> list[claims.Verdict]:
-    """Every verdict of the lab: what joins the GPUs, then the copies."""
-    return topology_verdicts(peer) + copy_verdicts(local, peer)
+def all_verdicts(local: dict, peer: dict, sources: tuple | None = None) -> list[claims.Verdict]:
+    """Every verdict of the lab: what joins the GPUs (stored with the GPU-to-GPU sweep), then the copies."""
+    return _sourced(topology_verdicts(peer), sources and sources[1]) + copy_verdicts(local, peer, sources)
 
 
 CLAIMS = {("00_copy_local", "00_copy_bandwidth"): all_verdicts}

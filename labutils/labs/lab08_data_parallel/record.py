@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             data = fn(pool, traces)
             print(f"{name}: measured in {time.perf_counter() - t0:.1f} s")
-            claims.show(CLAIMS[name](data))
+            claims.show(CLAIMS[name](data), recorded.live_source())
             if not args.no_save:
                 print(f"  saved {recorded.save(name, data)}")
     return 0
