@@ -37,7 +37,7 @@ def _recorded(data: dict) -> dict:
 def _verdicts(fn, data: dict) -> list:
     verdicts = fn(data)
     assert verdicts and all(isinstance(v, claims.Verdict) for v in verdicts)
-    print("\n" + "\n".join(claims.lines(verdicts)))
+    print("\n" + "\n".join(claims.lines(claims.sourced(verdicts, "live on this test's GPU"))))
     return verdicts
 
 
