@@ -607,7 +607,7 @@ if not PROFILES:
 # fully synchronize on both src and dst's current streams for completion of the copy."* Before the copy,
 # the copy stream waits for an event recorded on the **destination GPU's current stream**; after it, that
 # stream waits for the copy. The trace above, and the last two verdicts of the overlap cell, check that
-# this is what ran here. Within one process that makes the copy wait for whatever the destination GPU's current
+# this is what ran on the machine that measured. Within one process that makes the copy wait for whatever the destination GPU's current
 # stream was doing, and makes everything issued there afterwards wait for the copy.
 #
 # Here each rank is its own process, and each rank's copy goes *to the other rank's GPU*, where the other
@@ -617,7 +617,7 @@ if not PROFILES:
 # process's kernels may wait for its turn. The three copy cases separate what costs: `copy_` on rank 0
 # only puts such foreign work on one GPU; the bare `cudaMemcpyAsync` on every rank copies in both
 # directions with no foreign work; `copy_` on every rank does both at once. Their verdicts say which of
-# them hides on this machine. If only the last falls short, neither a barrier on one GPU nor two copies
+# them hides on the machine that measured. If only the last falls short, neither a barrier on one GPU nor two copies
 # explains it alone — it takes barriers of both processes on both GPUs. The profiler here sees one
 # process, not how the GPU scheduled the two; a system-wide trace of both ranks (`nsys profile`) or the
 # same run under MPS would show it. The lesson does not depend on that detail: "a copy engine needs no
@@ -814,7 +814,7 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # %% [markdown]
 # **Reading it.** Without NCCL every byte crosses host memory twice and a TCP socket once, on the CPU; the
 # GPUs' links are never used. That is the gap the source's tip is about, and the third verdict gives its
-# size here (a threshold of `2` in the ratio: far above any run-to-run spread, so a TRUE means the library
+# size on the machine that measured (a threshold of `2` in the ratio: far above any run-to-run spread, so a TRUE means the library
 # matters, not the noise).
 #
 # The hand-written ring *is* NCCL too — each step is an NCCL send/recv — so ring against collective does

@@ -6,15 +6,17 @@
 #    every result, read the table — and measure what the benchmark adds to the torch call it times.
 # 2. Split the time of a small collective into the host's launch and the GPU's work with `torch.profiler`, then
 #    remove the host's part with a CUDA graph, following the rules a captured collective needs — and measure
-#    what profiling and capturing leave behind in the ranks that did them.
+#    what profiling and capturing leave behind in the ranks that did them; on one GPU, the same split and replay
+#    for a small kernel.
 # 3. Fit the alpha–beta model per collective, predict the communication of labs 02 and 04 with the fit that
 #    matches how each moves its data, and find with a profiler trace where the remaining difference goes.
 # 4. Compare an exchange in both directions with a one-way send across sizes, and explain the difference from
 #    how NCCL runs them.
 #
-# **GPUs needed for the live path:** 2 (or more). With fewer, the correctness checks and the exercises run live
-# on gloo ranks, and the measurements are the ones recorded on 2×H200 by this notebook's own code, labelled
-# **RECORDED**.
+# **GPUs needed for the live path:** 2 (or more); one GPU runs section 6b (a small kernel's launch, device time
+# and CUDA-graph replay) live. With fewer, the correctness checks and the exercises run live on gloo ranks, and
+# the measurements that need more GPUs than the machine has are the ones recorded by this notebook's own code,
+# labelled **RECORDED**.
 #
 # **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 7 s on a
 # 2-core CPU.
@@ -387,7 +389,8 @@ if ALPHA is not None:
 # times the eager loop and the replay **in turn, sample by sample, in one block** (`timing.benchmark_loops`):
 # the comparison the verdict makes, between two loops measured in the same ranks at the same moment. It uses
 # `MAX`, so that replaying the captured calls many times in place leaves a value that can be checked: the
-# largest of `rank + 1`, the world size. It runs on GPUs only.
+# largest of `rank + 1`, the world size. It needs two GPUs or more (a collective between GPUs); section 6b does the
+# same on one GPU with a small kernel.
 
 # %%
 def graph_all_reduce(rank, world_size, calls=50, replays=10):
@@ -835,7 +838,7 @@ if "02" in LABS:
 # reduced at its causes — uneven work between the ranks, and hosts that reach the call at different instants
 # (a step captured in a CUDA graph has no host launches left inside it) — and measured again.
 #
-# ## 9 · What to use when — from your numbers
+# ## 9 · What to use when — from the numbers above
 #
 # Several goals can be reached with different collectives. The table times each option from section 3's
 # sweep (eager, in ranks before the capture and never profiled; log-log interpolation between measured sizes) at a

@@ -19,8 +19,9 @@
 # 4. write the same layers with `init_device_mesh` + `parallelize_module` and compare outputs and time.
 #
 # **GPUs:** 2 or more for the live path (written for any number; recorded on 2×H200 with NVLink). On one GPU
-# or a CPU-only machine every algorithm is checked live on gloo ranks, and every measurement is the recording
-# made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# or a CPU-only machine every algorithm is checked live on gloo ranks; one GPU also measures DTensor's overhead
+# on a one-rank mesh live (section 4), and every measurement that needs more GPUs than the machine has is the
+# recording made by this notebook's own code, labelled **RECORDED**.
 #
 # **Time:** 75 min of study (four exercises, six predictions); about 20 s to run on 2×H200, about 15 s on a
 # 2-core CPU.
@@ -795,7 +796,7 @@ claims.show(CLAIMS["09_sp_block"](SPM.data), SPM)
 # the table. The peak also holds transients SP does not shrink: the row-parallel layer's partial sum covers
 # the whole sequence until the reduce-scatter, and backward all-gathers the gradient of the whole output.
 # Time: the same bytes cross the link, split into two collectives instead of one; whether that costs anything
-# on this machine is the last verdict.
+# on the machine that measured is the last verdict.
 #
 # In a whole transformer layer the replicated part is larger — attention's LayerNorm, two dropouts, two
 # residuals. Korthikanti et al. count a layer's activations as s·b·h·(34 + 5·a·s/h) bytes (16-bit values,
@@ -1014,7 +1015,7 @@ claims.table(claims.judge(CLAIMS, A2A, (A2A, MOE), SPM, DT, DT1))
 # * `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` and `SequenceParallel` produces the same
 #   layers and the same collectives; `Partial` placements make the pending sums explicit. Its dispatch and
 #   hooks cost CPU time on every step, hidden only behind enough GPU work — more of it for the SP plan, whose
-#   verdict at the largest layer says whether the layers measured here had enough.
+#   verdict at the largest layer says whether the layers measured had enough.
 #
 # **Next:** this is the course's last lab. The plans of section 4 and lab 08's `fully_shard` combine on a
 # 2-D mesh (`init_device_mesh(device, (dp, tp))`: sharded data parallelism across one dimension, tensor and
