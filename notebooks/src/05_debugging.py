@@ -46,23 +46,25 @@ BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 labutils.default_config()
 LISTENING_BEFORE = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
 BACKGROUND = demos.Background()   # slow demonstrations started in one section and read in a later one
+STARTUP_S = config.startup_s(cuda=BACKEND == "nccl")   # one process's start-up, measured before any rank starts
 CHECK_POOL = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the exercises' ranks
 HW
 
 # %% [markdown]
 # A few settings for the whole lab. A hang is made on purpose several times, so timeouts are short — but a
 # launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator), so not *too* short.
-# How long a start takes is a property of the machine, not of its GPUs: `config.startup_s` measures it here, now
-# (a fresh process importing torch, and creating a CUDA context where the ranks will), and
+# How long a start takes is a property of the machine, not of its GPUs: `config.startup_s` measured it in the
+# setup cell, before any rank started (a fresh process importing torch, and creating a CUDA context where the
+# ranks will), and
 # `config.wait_timeout_s` allows the wait itself plus 2.5 times the start-up of the processes that start at once
 # — longer when they outnumber the cores, so a 2-core laptop gets longer timeouts than a 16-core workstation.
 # `ERR_S` collects how long each failure took to surface (summary at the end).
 
 # %% tags=["nbval-ignore-output"]
-STARTUP_S = config.startup_s(cuda=BACKEND == "nccl")   # one process's start-up on this machine, measured now
 HANG_S = config.wait_timeout_s(2, processes=2 + 3, startup=STARTUP_S)   # a deliberate hang; the exercise pool may still be starting
 RAW_S = config.wait_timeout_s(2, processes=8, startup=STARTUP_S)        # the mistakes, side by side with two other launches
-PG_TIMEOUT_S = config.wait_timeout_s(1, processes=8, startup=STARTUP_S)  # torch's own process-group timeout in section 3
+PG_TIMEOUT_S = config.wait_timeout_s(1, processes=2, startup=STARTUP_S)  # torch's own process-group timeout in section 3
+PG_DEMO_S = config.wait_timeout_s(PG_TIMEOUT_S + 30, processes=8, startup=STARTUP_S)  # ... + its dump and abort
 print(f"start-up {STARTUP_S:.1f} s on {config.cpu_cores()} cores -> timeouts: hang {HANG_S:g} s, "
       f"side by side {RAW_S:g} s, torch's own {PG_TIMEOUT_S:g} s")
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # flight recorder on
@@ -222,7 +224,7 @@ def torch_timeout_demo(backend):
            "TORCH_INCLUDE_STACK_TRACE": "0", "TORCH_NCCL_COORD_CHECK_MILSEC": "100"}
     t0 = time.perf_counter()
     try:
-        labutils.launch(short_torch_timeout, backend, PG_TIMEOUT_S, backend=backend, init="none", timeout=60,
+        labutils.launch(short_torch_timeout, backend, PG_TIMEOUT_S, backend=backend, init="none", timeout=PG_DEMO_S,
                         env=env, output="quiet")
         error = "no error"
     except (labutils.RankError, labutils.RankTimeout) as e:
