@@ -595,7 +595,10 @@ claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data), nccl_log)
 # this machine, with the same settings. Compare its lines with the two-rank log: the version, the bootstrap
 # network and the topology are there; what a second rank would add — rings, channel connections and their
 # transports — is not, since one rank has nobody to talk to (a one-rank all_reduce is, at most, a copy on its
-# own GPU).
+# own GPU). **Predict:** how many channel connection lines (`… via P2P/…`) will the one-rank log have?
+
+# %%
+my_prediction_one_rank_connections = None  # ✍ a number
 
 # %% tags=["nbval-ignore-output"]
 one_log = recorded.live_or_recorded("05_nccl_one_rank", lambda: nccl_debug_log(world_size=1), gpus_needed=1)
@@ -607,6 +610,7 @@ for ln in one_log.data["log"].splitlines()[:20]:
     print("  ", ln[:160])
 print()
 print(debugging.summarize_nccl(one_info))
+print(f"\nyour prediction: {my_prediction_one_rank_connections}; connection lines: {len(one_info.connections)}")
 claims.show(CLAIMS["05_nccl_one_rank"](one_log.data), one_log)
 
 # %% [markdown]

@@ -966,6 +966,12 @@ claims.show(CLAIMS["09_dtensor"](DT.data), DT)
 # the styles' hooks. The same sweep on one GPU in one rank (`world_size=1`: a fresh process, with NCCL) measures
 # what is left: DTensor's overhead per step, on any machine with one GPU. The hand-written layers on one rank are
 # the one-device block plus collectives that have nobody to talk to. Same thresholds as above.
+#
+# **Predict:** on one rank, how many times the hand-written TP's time will DTensor TP take on the smallest layer?
+
+# %%
+my_prediction_one_rank_overhead = None  # ✍ your number (1 = same time)
+
 
 # %% tags=["nbval-ignore-output"]
 def measure_dtensor_one_rank(sp_plan, sync, tokens_list, hidden, ffn):
@@ -983,6 +989,9 @@ DT1 = recorded.live_or_recorded("09_dtensor_one_rank", lambda: measure_dtensor_o
 display(pd.DataFrame({f"{k} (ms)": v for k, v in DT1.data["time_ms"].items()},
                      index=pd.Index(DT1.data["tokens"], name="tokens")).round(3)
         .rename_axis(f"one rank, hidden {DT1.data['hidden']}, ffn {DT1.data['ffn']} — {DT1.label}"))
+t1 = DT1.data["time_ms"]
+print(f"DTensor TP / hand-written TP on one rank at {DT1.data['tokens'][0]} tokens: "
+      f"{t1['DTensor TP'][0] / t1['TP'][0]:.2f}; you predicted {my_prediction_one_rank_overhead}")
 claims.show(CLAIMS["09_dtensor_one_rank"](DT1.data), DT1)
 
 # %% [markdown]
