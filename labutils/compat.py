@@ -95,3 +95,9 @@ def dumps(obj) -> bytes:
 
 def _import_by_name(module):
     return importlib.import_module, (module.__name__,)
+
+
+def cuda_sleep(cycles: int) -> None:
+    """``torch.cuda._sleep``: a kernel that spins ``cycles`` GPU clock cycles on the current stream
+    (work that is late on purpose, without a host-side wait)."""
+    torch.cuda._sleep(cycles)
