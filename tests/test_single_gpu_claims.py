@@ -87,3 +87,11 @@ def test_lab09_one_rank_verdicts():
     data = {"tokens": [512, 8192], "time_ms": {"TP": [1.0, 10.0], "SP": [1.0, 10.0], "DTensor TP": [2.0, 10.5],
                                                   "DTensor SP": [1.05, 12.0]}}
     assert _words(C09["09_dtensor_one_rank"](data)) == ["TRUE", "TRUE", "FALSE", "FALSE"]
+
+
+def test_lab09_cpu_floor_of_dtensor_sp_against_the_multi_gpu_step():
+    many = {"world_size": 2, "tokens": [512, 8192], "time_ms": {"SP": [2.7, 6.0]}}
+    one = {"tokens": [512, 8192], "time_ms": {"DTensor SP": [7.4, 10.5]}}
+    fn = C09[("09_dtensor", "09_dtensor_one_rank")]
+    assert _words(fn(many, one)) == ["TRUE"]
+    assert _words(fn(many, dict(one, time_ms={"DTensor SP": [5.0, 10.5]}))) == ["FALSE"]

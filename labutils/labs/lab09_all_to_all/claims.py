@@ -171,3 +171,18 @@ def dtensor_one_rank_verdicts(data: dict) -> list[claims.Verdict]:
 
 
 CLAIMS["09_dtensor_one_rank"] = dtensor_one_rank_verdicts
+
+
+def dtensor_cpu_floor_verdicts(many: dict, one: dict) -> list[claims.Verdict]:
+    """``("09_dtensor", "09_dtensor_one_rank")``: DTensor SP's step on one rank at the smallest layer (paced by
+    its CPU work: nothing crosses a link, and little runs on the GPU) against the hand-written SP's step on
+    several ranks at the largest layer."""
+    floor, step = one["time_ms"]["DTensor SP"][0], many["time_ms"]["SP"][-1]
+    return [claims.at_least(f"DTensor SP's CPU work alone outlasts the hand-written SP's step on {many['world_size']} "
+                            f"GPUs at the largest layer, so DTensor SP is paced by the CPU there", floor / step, 1.0,
+                            figure=f"one rank, {one['tokens'][0]} tokens: DTensor SP {floor:.2f} ms; "
+                                   f"{many['world_size']} ranks, {many['tokens'][-1]} tokens: hand-written SP "
+                                   f"{step:.2f} ms ({floor / step:.2f}x)")]
+
+
+CLAIMS[("09_dtensor", "09_dtensor_one_rank")] = dtensor_cpu_floor_verdicts
