@@ -445,7 +445,8 @@ print(f"two ranks on cuda:0 [{DUP.label}] -> {DUP.data['outcome']} after {DUP.da
 for ln in DUP.data["message"].splitlines()[:12]:
     print("  ", ln[:200])
 print("NCCL's own words:", *(f"\n   {ln.strip()[:200]}" for ln in DUP.data["nccl_warn"][:3]))
-print("labutils' hint for it:", labutils.errors.hint_for(DUP.data["message"]) or "none")
+if labutils.errors.hint_for(DUP.data["message"]):
+    print("labutils' hint for it:", labutils.errors.hint_for(DUP.data["message"]))
 print(f"your prediction: {my_prediction_two_ranks_one_gpu}")
 claims.show(CLAIMS["05_two_ranks_one_gpu"](DUP.data), DUP)
 
