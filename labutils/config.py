@@ -267,3 +267,78 @@ def check_task_timeout(timeout_s: float, pg_timeout_s: float) -> float:
             f"with RankPool(timeout={timeout_s:g}) for tasks this long, or use labutils.launch, which "
             "sets torch's timeout for each call.")
     return float(timeout_s)
+
+
+# ---- how long to allow a deliberate wait: sized from this machine, not from the hardware mode ----------------
+
+WAIT_MARGIN = 2.5   # a start-up measured once may be beaten by a slower one under load: 2.5x of it is allowed
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which a container or ``taskset`` narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+_STARTUP_S: dict = {}   # cuda -> seconds, measured by startup_s
+
+
+def _startup_code(cuda: bool) -> str:
+    return "import torch" + ("; torch.cuda.init(); torch.ones(1, device='cuda')" if cuda else "")
+
+
+def startup_s(cuda: bool = False, *, refresh: bool = False) -> float:
+    """Seconds a fresh Python process takes, on this machine and under its present load, to import torch
+    (with ``cuda=True`` also to create a CUDA context): what every rank pays before its first line. Measured
+    once per process in a subprocess (about that long), then remembered; ``refresh=True`` measures again.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr says why) or took more than 300 s.
+    """
+    import subprocess
+    import sys
+    import time
+    if refresh or cuda not in _STARTUP_S:
+        t0 = time.perf_counter()
+        try:
+            run = subprocess.run([sys.executable, "-c", _startup_code(cuda)], capture_output=True, text=True,
+                                 timeout=300, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError("a process importing torch did not finish within 300 s. HINT: the machine is "
+                               "overloaded or its file system stalls; try again when it is quieter.") from exc
+        if run.returncode != 0:
+            raise RuntimeError(f"measuring start-up failed: {run.stderr.strip()[-500:]}. HINT: "
+                               f"`{sys.executable} -c \"{_startup_code(cuda)}\"` must run in this environment.")
+        _STARTUP_S[cuda] = time.perf_counter() - t0
+    return _STARTUP_S[cuda]
+
+
+def wait_timeout_s(wait_s: float, *, processes: int = 2, startup: float | None = None, cuda: bool = False,
+                   cores: int | None = None, margin: float = WAIT_MARGIN) -> float:
+    """A launch timeout (s) for ranks that are meant to wait ``wait_s`` once started: ``wait_s`` plus
+    ``margin`` times the start-up of ``processes`` processes started at once on this machine's cores.
+
+    One process's start-up (``startup``, default ``startup_s(cuda)``, measured) runs on one core; started at
+    once, ``p`` processes on ``c`` cores take about ``p / c`` times as long when ``p > c``, as long when not.
+    So the same demo gets a short timeout on a workstation with 16 cores and a long one on a 2-core laptop,
+    whatever its GPUs.
+
+    Raises:
+        ValueError: a negative or non-finite ``wait_s``, ``processes`` or ``cores`` not a positive int,
+            ``margin`` or ``startup`` not positive.
+    """
+    if isinstance(wait_s, bool) or not isinstance(wait_s, numbers.Real) or not 0 <= wait_s < float("inf"):
+        raise ValueError(f"wait_s must be a finite number of seconds >= 0, got {wait_s!r}. "
+                         "HINT: how long the ranks wait on purpose once they run, e.g. 2.")
+    for name, v in (("processes", processes), ("cores", cores)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise ValueError(f"{name} must be a positive int, got {v!r}. HINT: count the rank processes that "
+                             "start at the same time (every launch and pool of a cell).")
+    for name, v in (("margin", margin), ("startup", startup)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf")):
+            raise ValueError(f"{name} must be a positive number, got {v!r}.")
+    one = startup_s(cuda) if startup is None else float(startup)
+    shared = max(1.0, processes / (cores or cpu_cores()))
+    return round(float(wait_s) + margin * one * shared, 1)

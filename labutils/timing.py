@@ -285,3 +285,25 @@ def slowest_rank(samples_ms, group=None) -> list[float]:
     t = torch.tensor(list(samples_ms), dtype=torch.float64, device=rank_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.cpu().tolist()
+
+
+def sleep_cycles_per_ms(device=None) -> float:
+    """Clock cycles of ``compat.cuda_sleep`` per millisecond on this GPU (measured, not assumed)."""
+    import torch
+    from .compat import cuda_sleep
+    clock = Clock("cuda" if device is None else device)
+    with torch.cuda.device(clock.device):
+        cuda_sleep(1000)
+        a = clock.mark()
+        cuda_sleep(20_000_000)
+        b = clock.mark()
+    clock.synchronize()
+    return 20_000_000 / clock.elapsed_ms(a, b)
+
+
+def gpu_sleep(ms: float, cycles_per_ms: float) -> None:
+    """Keep the current CUDA stream busy for about ``ms`` while the host goes on at once: work queued
+    behind it then starts back to back, with no gap left by the host (``cycles_per_ms`` from
+    ``sleep_cycles_per_ms``)."""
+    from .compat import cuda_sleep
+    cuda_sleep(max(1, int(ms * cycles_per_ms)))

@@ -148,6 +148,10 @@ class Ranks:
                 raise RankError(r, exit_code=dead[r], ranks=list(dead), traceback="\n".join(tail),
                                 hint=START_HINT)
             if time.monotonic() > deadline:
+                for _ in range(4 * self.world_size):  # first used after the deadline: read what is waiting
+                    read(0.01)
+                if not waiting:
+                    break
                 raise RankTimeout(sorted(waiting), start_timeout_s, hint=START_HINT.replace(
                     "could not start", "did not finish starting") + " Or pass a larger start_timeout.")
 

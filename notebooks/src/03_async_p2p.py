@@ -14,12 +14,15 @@
 #    and verify them bit for bit on every rank, on gloo and NCCL;
 # 3. know what `req.wait()` guarantees on CUDA (stream order, not the host);
 # 4. measure how much communication hides behind compute — NCCL kernels and copy-engine copies — and read
-#    from a profiler trace which engine a copy between GPUs runs on and what `copy_` makes it wait for;
+#    from a profiler trace which engine a copy between GPUs runs on and what `copy_` makes it wait for; on one
+#    GPU, hide host <-> GPU copies on a side stream behind a matmul, and cause and fix the race a missing
+#    `wait_stream` leaves;
 # 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked against
 #    torch's collectives, and time the ring against NCCL and against no GPU library at all.
 #
-# **GPUs:** 2 for the live path (NCCL). With fewer, every correctness cell runs on gloo (CPU tensors) and
-# every measurement is the recording made by this notebook's own code on 2×H200, labelled **RECORDED**.
+# **GPUs:** 2 for the live path (NCCL); 1 for section 3b (streams and copies on one GPU). With fewer, every
+# correctness cell runs on gloo (CPU tensors) and every measurement that needs more GPUs than the machine has is
+# the recording made by this notebook's own code, labelled **RECORDED**.
 #
 # **Time:** 70 min of study (two exercises, six predictions); about 20 s to run on 2×H200, about 10 s on a
 # 2-core CPU.
@@ -38,7 +41,7 @@ from IPython.display import display
 import labutils
 from labutils import bandwidth, claims, compat, hw, plots, procs, recorded
 from labutils.checks import lab03 as check
-from labutils.labs.lab03_async_p2p import exchange, measure, overlap, repro, wait
+from labutils.labs.lab03_async_p2p import exchange, measure, overlap, repro, streams, wait
 from labutils.labs.lab03_async_p2p.claims import CLAIMS
 
 HW = hw.describe()
@@ -217,7 +220,7 @@ GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool
     world_size=2, backend="gloo", output="quiet", wait=False)
 SRC_NCCL = recorded.live_or_recorded("03_source_on_nccl",
                                      lambda: exchange.attempt(POOL.run, exchange.source_as_written), gpus_needed=2)
-claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data))
+claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data), SRC_NCCL)
 
 # %% [markdown]
 # ### 1c · What `final_result` holds
@@ -266,7 +269,7 @@ pd.set_option("display.max_colwidth", None)   # tables show whole lines: a messa
 # %% tags=["nbval-ignore-output"]
 EXCHANGE = recorded.live_or_recorded("03_exchange_variants", lambda: EXCHANGE_RUNS.wait(), gpus_needed=2)
 display(repro.table(EXCHANGE.data))
-claims.show(CLAIMS["03_exchange_variants"](EXCHANGE.data))
+claims.show(CLAIMS["03_exchange_variants"](EXCHANGE.data), EXCHANGE)
 print(f"your prediction: {my_prediction_gpu}")
 
 # %% [markdown]
@@ -455,7 +458,7 @@ display(pd.DataFrame({"measured": {
     "copy on the current stream after wait() was correct": wd["after_wait_ok"],
     "copy on another stream after wait() was stale": wd["other_stream_stale"],
     "received elements the sender overwrote after isend returned": f"{wd['send_race_fraction']:.1%}"}}))
-claims.show(CLAIMS["03_wait_nccl"](wd))
+claims.show(CLAIMS["03_wait_nccl"](wd), W)
 labels, values = ["host time in wait()", "until synchronize()"], [wd["wait_ms"], wd["sync_ms"]]
 if my_prediction_wait_ms is not None:
     labels, values = labels + ["your prediction"], values + [float(my_prediction_wait_ms)]
@@ -525,7 +528,7 @@ for value, style, label in ((my_prediction_efficiency, "--", "your prediction (a
 fig
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["03_overlap"](OV.data))
+claims.show(CLAIMS["03_overlap"](OV.data), OV)
 
 # %% [markdown]
 # The timeline of rank 0's last back-to-back and overlapped samples, for a matmul with an NCCL all_reduce,
@@ -626,6 +629,129 @@ if not PROFILES:
 # and the compute do not compete for SMs, memory bandwidth — or, with copies, for the streams they wait on.
 
 # %% [markdown]
+# ### 3b · One GPU: copies beside a matmul, and a missing `wait_stream`
+# Overlap needs no second GPU. A GPU has **copy engines**: DMA units that move data between host memory and
+# the GPU while the SMs compute. `gpu_tensor.copy_(host_tensor, non_blocking=True)` from **pinned** (page-locked)
+# host memory is one such copy, queued on the current stream; from ordinary (pageable) memory CUDA first stages
+# the data through a pinned buffer of its own, and the call is then not asynchronous with respect to the host
+# (CUDA Runtime API, "API synchronization behavior"). Work on one **stream** runs in order; work on two
+# streams may run at the same time. Three tools order work across streams, all on the GPU, none blocking the
+# host:
+# * an **event** is a point on a stream's timeline (`timing.Clock` marks are events; `elapsed_ms` reads two);
+# * `side.wait_stream(main)`: work issued on `side` from now on waits for everything issued on `main` so far;
+# * so the pattern for a copy on a side stream is a wait *before* it (`side.wait_stream(main)`: its source has
+#   been written) and a wait *after* it (`main.wait_stream(side)`: whoever next reads or overwrites the data
+#   on `main` waits for the copy).
+#
+# `beside` below is that pattern; `one_gpu_overlap` runs a bf16 matmul `k` times on the current stream with a
+# 256 MiB copy on a side stream, each direction in turn, and `streams.overlap_cases` times the compute alone,
+# the copy alone, the two back to back and the two overlapped (CUDA events on the current stream, medians of
+# 10), with `k` chosen so that the compute alone takes about as long as the copy alone. E is section 3's
+# overlap efficiency, judged with the same thresholds.
+
+# %%
+my_prediction_one_gpu_efficiency = None   # ✍ E for a matmul beside a host -> GPU copy on a side stream, -1 to 1
+
+# %%
+def matmul_k(a, b, c):
+    """The compute: k bf16 matmuls on the current stream."""
+    def run(k):
+        for _ in range(k):
+            torch.mm(a, b, out=c)
+    return run
+
+
+def beside(compute_k, transfer, side):
+    """compute_k(k) on the current stream and transfer() on the stream `side`, at the same time."""
+    def run(k):
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)        # the copy starts after everything issued before it: its source is ready
+        with torch.cuda.stream(side):
+            transfer()                # queued on the side stream: a copy engine runs it
+        compute_k(k)                  # queued on the current stream: the SMs run it
+        main.wait_stream(side)        # what the current stream does next waits for the copy too
+    return run
+
+
+def one_gpu_overlap(size_bytes=256 << 20):
+    """A matmul beside a host -> GPU copy, then beside a GPU -> host copy, each on a side stream."""
+    dev, n = torch.device("cuda"), size_bytes // 4
+    host_src, host_dst = torch.ones(n, pin_memory=True), torch.empty(n, pin_memory=True)  # pinned: DMA, async
+    gpu_dst, gpu_src = torch.empty(n, device=dev), torch.ones(n, device=dev)
+    a, b = (torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    compute, side = matmul_k(a, b, torch.empty_like(a)), torch.cuda.Stream()
+    transfers = {"host -> GPU copy_": lambda: gpu_dst.copy_(host_src, non_blocking=True),
+                 "GPU -> host copy_": lambda: host_dst.copy_(gpu_src, non_blocking=True)}
+    return streams.overlap_cases({name: (compute, t, beside(compute, t, side)) for name, t in transfers.items()},
+                                 size_bytes=size_bytes, compute_name="matmul (bf16 4096x4096)")
+
+
+def copy_then_overwrite(delay, fixed, numel=16 << 20):
+    """Step 1's result is saved to the host by a copy on a side stream; step 2 then overwrites it on the
+    current stream. Returns the share of the saved elements that hold step 2's value (0 is right)."""
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    x = torch.full((numel,), 1.0, device="cuda")  # step 1's result, written on the current stream
+    saved = torch.zeros(numel, pin_memory=True)
+    side.wait_stream(main)                        # the copy starts after step 1 wrote x
+    with torch.cuda.stream(side):
+        delay()                                   # the side stream is still busy with earlier work
+        saved.copy_(x, non_blocking=True)         # step 1's data -> host
+    x.record_stream(side)                         # x's memory is in use on `side` too (for the allocator)
+    if fixed:
+        main.wait_stream(side)                    # THE FIX: step 2 waits until the copy has read x
+    x.fill_(2.0)                                  # step 2 overwrites x
+    torch.cuda.synchronize()
+    return float((saved == 2.0).double().mean())
+
+
+def one_gpu_streams():
+    data = one_gpu_overlap()
+    data["race"] = streams.race_outcome(copy_then_overwrite, delay_ms=20.0, trials=3)
+    return data
+
+
+# %% tags=["nbval-ignore-output"]
+ONE = recorded.live_or_recorded("03_one_gpu_streams", one_gpu_streams, gpus_needed=1)
+one_cases = {c["transfer"]: c for c in ONE.data["cases"]}
+print(f"{bandwidth.format_size(ONE.data['size_bytes'])} copies beside a matmul on one GPU ({ONE.label})")
+display(pd.DataFrame.from_dict({name: {"k": c["k"], "compute (ms)": c["compute_ms"], "copy (ms)": c["comm_ms"],
+                                       "back to back (ms)": c["serial_ms"], "overlapped (ms)": c["overlapped_ms"],
+                                       "E": c["efficiency"], "reading": overlap.describe_efficiency(c["efficiency"])}
+                                for name, c in one_cases.items()}, orient="index").round(3))
+fig = plots.bar_plot(list(one_cases), [c["efficiency"] for c in one_cases.values()], ylabel="overlap efficiency E",
+                     annotate="{:+.2f}", title=f"matmul beside a copy on a side stream, one GPU ({ONE.label})")
+if my_prediction_one_gpu_efficiency is not None:
+    fig.axes[0].axhline(float(my_prediction_one_gpu_efficiency), color="r", linestyle="--", label="your prediction")
+    fig.axes[0].legend(fontsize=8)
+fig
+
+# %% [markdown]
+# **The race.** `copy_then_overwrite` is a training loop's pattern in two lines: save step 1's result to the host
+# on a side stream (a checkpoint, an offloaded activation), then let step 2 overwrite the buffer on the current
+# stream. Without `main.wait_stream(side)` nothing orders the overwrite after the copy: whichever the GPU runs
+# first wins. To make the outcome reproducible, `delay` keeps the side stream busy for 20 ms first (a
+# `torch.cuda._sleep` kernel, standing in for whatever the side stream was still doing); without the delay the
+# same race is a matter of timing, and its outcome may differ from run to run. `x.record_stream(side)` is a
+# different guarantee: it keeps `x`'s *memory* from being reused while `side` still uses it — never its
+# *contents* from being overwritten. Each way runs three times; the table shows the largest share seen:
+
+# %% tags=["nbval-ignore-output"]
+race = ONE.data["race"]
+display(pd.DataFrame({"side stream busy first": [f"{race['delay_ms']:g} ms", f"{race['delay_ms']:g} ms", "no", "no"],
+                      "main.wait_stream(side) before the overwrite": ["no", "yes", "no", "yes"],
+                      "saved elements holding step 2's value": [f"{race[k]:.1%}" for k in
+                                                                 ("unsynced_delayed", "fixed_delayed", "unsynced", "fixed")]}))
+claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
+
+# %% [markdown]
+# **Reading it.** A copy engine needs no SMs, and a matmul touches little memory for the work it does, so on one
+# GPU a copy between host and device has little to share with a matmul: where the first two verdicts are TRUE,
+# the copy is hidden. What the copy still shares is the stream order you give it — the same lesson as `copy_`
+# between GPUs above, in its simplest form: a missing `wait_stream` is not slower, it is *wrong*, and only the
+# checked result shows it. The last two verdicts test exactly that: the overwrite reaches the copy when nothing
+# orders them, and the one `wait_stream` puts it right whether the side stream was busy or not.
+
+# %% [markdown]
 # ## 4 · Exercise 1: a ring all-gather from isend/irecv
 # Ring all-gather on `n` ranks: rank `r` copies its input into chunk `r` of the output; then in step
 # `s = 0 … n-2` it sends chunk `(r - s) mod n` to rank `r + 1` and receives chunk `(r - s - 1) mod n`
@@ -685,7 +811,7 @@ plots.bandwidth_plot(rd["size_bytes"], series, peak_gbps=HW.link_peak_gbps if RI
                      title=f"all-gather three ways, {rd['world_size']} ranks ({RING.label})")
 
 # %% tags=["nbval-ignore-output"]
-claims.show(CLAIMS["03_ring_vs_nccl"](rd))
+claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 
 # %% [markdown]
 # **Reading it.** Without NCCL every byte crosses host memory twice and a TCP socket once, on the CPU; the
@@ -734,9 +860,7 @@ ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=GLOO)
 # Every verdict of this lab, formatted from its measurements (live or recorded, as labelled above):
 
 # %% tags=["nbval-ignore-output"]
-ALL = {"03_source_on_nccl": SRC_NCCL, "03_exchange_variants": EXCHANGE, "03_wait_nccl": W, "03_overlap": OV,
-       "03_ring_vs_nccl": RING}
-claims.table([v for name, m in ALL.items() for v in CLAIMS[name](m.data)])
+claims.table(claims.judge(CLAIMS, SRC_NCCL, EXCHANGE, W, OV, ONE, RING))
 
 # %% [markdown]
 # **What to remember**

@@ -10,8 +10,9 @@
 #    channels, transports, and the topology graph NCCL builds of your machine).
 # 3. Leave with a checklist for the next hang.
 #
-# **GPUs needed for the live path:** 2 (NCCL). Every failure is also made live on CPU ranks (gloo); what only
-# NCCL does is shown as recorded on 2×H200 by this notebook's own code, and labelled so.
+# **GPUs needed for the live path:** 2 (NCCL); one GPU runs NCCL's one-GPU mistake (two ranks on one GPU) and
+# a one-rank `NCCL_DEBUG=INFO` log live. Every failure is also made live on CPU ranks (gloo); what needs more
+# GPUs than the machine has is shown as recorded by this notebook's own code, and labelled so.
 #
 # **Time:** 45 min of study (two exercises); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
 # short timeouts, and runs independent failures side by side — about 60 s on a 2-core CPU.
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 import labutils
-from labutils import claims, debugging, hw, procs, recorded
+from labutils import claims, config, debugging, hw, procs, recorded
 from labutils.checks import lab05 as check
 from labutils.labs.lab05_debugging import demos, topology
 from labutils.labs.lab05_debugging.claims import CLAIMS
@@ -45,20 +46,27 @@ BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 labutils.default_config()
 LISTENING_BEFORE = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
 BACKGROUND = demos.Background()   # slow demonstrations started in one section and read in a later one
+STARTUP_S = config.startup_s(cuda=BACKEND == "nccl")   # one process's start-up, measured before any rank starts
 CHECK_POOL = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the exercises' ranks
 HW
 
 # %% [markdown]
 # A few settings for the whole lab. A hang is made on purpose several times, so timeouts are short — but a
-# launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator: seconds on GPUs),
-# so not *too* short; on a CPU-only machine, where several launches start at once on few cores, they are longer.
+# launch's `timeout` counts from process start (`import torch`, CUDA, the NCCL communicator), so not *too* short.
+# How long a start takes is a property of the machine, not of its GPUs: `config.startup_s` measured it in the
+# setup cell, before any rank started (a fresh process importing torch, and creating a CUDA context where the
+# ranks will), and
+# `config.wait_timeout_s` allows the wait itself plus 2.5 times the start-up of the processes that start at once
+# — longer when they outnumber the cores, so a 2-core laptop gets longer timeouts than a 16-core workstation.
 # `ERR_S` collects how long each failure took to surface (summary at the end).
 
-# %%
-SLOW_START = MODE != "multi-gpu"             # CPU ranks: several launches start at once on few cores
-HANG_S = 20 if SLOW_START else 7             # launch timeout (s) for a deliberate hang
-RAW_S = 30 if SLOW_START else 7              # the same, for the mistakes launched side by side
-PG_TIMEOUT_S = 10 if SLOW_START else 5       # torch's own process-group timeout in section 3
+# %% tags=["nbval-ignore-output"]
+HANG_S = config.wait_timeout_s(2, processes=2 + 3, startup=STARTUP_S)   # a deliberate hang; the exercise pool may still be starting
+RAW_S = config.wait_timeout_s(2, processes=8, startup=STARTUP_S)        # the mistakes, side by side with two other launches
+PG_TIMEOUT_S = config.wait_timeout_s(1, processes=2, startup=STARTUP_S)  # torch's own process-group timeout in section 3
+PG_DEMO_S = config.wait_timeout_s(PG_TIMEOUT_S + 30, processes=8, startup=STARTUP_S)  # ... + its dump and abort
+print(f"start-up {STARTUP_S:.1f} s on {config.cpu_cores()} cores -> timeouts: hang {HANG_S:g} s, "
+      f"side by side {RAW_S:g} s, torch's own {PG_TIMEOUT_S:g} s")
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # flight recorder on
 ERR_S = {}                                   # failure -> seconds from launch to the error
 
@@ -216,7 +224,7 @@ def torch_timeout_demo(backend):
            "TORCH_INCLUDE_STACK_TRACE": "0", "TORCH_NCCL_COORD_CHECK_MILSEC": "100"}
     t0 = time.perf_counter()
     try:
-        labutils.launch(short_torch_timeout, backend, PG_TIMEOUT_S, backend=backend, init="none", timeout=60,
+        labutils.launch(short_torch_timeout, backend, PG_TIMEOUT_S, backend=backend, init="none", timeout=PG_DEMO_S,
                         env=env, output="quiet")
         error = "no error"
     except (labutils.RankError, labutils.RankTimeout) as e:
@@ -333,7 +341,7 @@ for where, data in outcomes.items():
         ERR_S[f"raw {which} mistake, {where.split()[0]}"] = o["seconds"]
 check.prediction_outcome(my_prediction_shapes,
                          {where: data["shapes"]["outcome"].split(":")[0] for where, data in outcomes.items()})
-claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data))
+claims.show(CLAIMS["05_raw_mistakes_nccl"](nccl.data), nccl)
 
 # %% [markdown]
 # **What that says.** Neither backend checks that the calls match, so a mismatch does whatever the mismatched
@@ -375,13 +383,81 @@ wrong_device = recorded.live_or_recorded(
 print(f"NCCL + CPU tensor [{wrong_device.label}]:\n  {wrong_device.data['message'][:300]}")
 print("gloo + CPU tensor (this machine):", detail[0]["wrong device (CPU tensor)"] if MODE != "multi-gpu" else "not run")
 print("labutils' hint for it:", labutils.errors.hint_for(wrong_device.data["message"]))
-claims.show(CLAIMS["05_wrong_device_nccl"](wrong_device.data))
+claims.show(CLAIMS["05_wrong_device_nccl"](wrong_device.data), wrong_device)
 
 # %% [markdown]
-# Two more device mistakes that labutils' default `init="eager"` rules out, worth knowing when you write the
-# set-up yourself: two ranks on **one** GPU (forgetting `torch.cuda.set_device(rank)` before creating the
-# group — NCCL does not support one GPU twice in a communicator: an error or a hang), and a tensor created on
-# `cuda` (the *current* device) before `set_device`, which puts every rank's data on GPU 0.
+# Two more device mistakes that labutils' launch rules out, worth knowing when you write the set-up yourself: a
+# tensor created on `cuda` (the *current* device) before `set_device`, which puts every rank's data on GPU 0,
+# and two ranks on **one** GPU — forgetting `torch.cuda.set_device(rank)` before creating the group, so that
+# every rank binds to `cuda:0`. NCCL does not support one GPU twice in a communicator. That mistake needs only
+# one GPU, so it runs here whenever there is one. To let the ranks make it, the launch must not give each rank a
+# GPU of its own: `init="none"` leaves the process group to the function, which creates it itself on `cuda:0`;
+# `backend="gloo"` only tells labutils not to bind the ranks to GPUs (it starts no group). `NCCL_DEBUG=WARN`
+# shows what NCCL itself says; the launch's timeout is the lab's hang timeout, in case it hangs instead.
+#
+# **Predict:** an error, a hang, or a result?
+
+# %%
+my_prediction_two_ranks_one_gpu = None  # ✍ "error", "hang" or "result"
+
+
+# %%
+def two_ranks_one_gpu(rank, world_size, timeout_s):
+    """The mistake: no torch.cuda.set_device(rank) before the group, so every rank works on GPU 0."""
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=timeout_s))   # env:// (set by launch)
+    x = torch.ones(1, device="cuda")   # "cuda" is the current device: cuda:0 on every rank
+    dist.all_reduce(x)                 # NCCL creates its communicator here, on the device of x
+    return x.item()
+
+
+def marked(process, mark):
+    """True for a process whose environment carries `mark` (a rank of the launch that set it)."""
+    try:
+        return process.environ().get(mark) == "1"
+    except psutil.Error:                  # gone meanwhile, or not ours to read
+        return False
+
+
+def cause_two_ranks_one_gpu(timeout_s, pg_timeout_s, mark="LAB05_TWO_RANKS_ONE_GPU"):
+    """Launch the mistake; what happened, what NCCL said, and whether any of its ranks is left (its ranks
+    carry `mark` in their environment, which tells them from the ranks of the demos in the background)."""
+    buf, t0 = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stdout(buf):                # the ranks' output, NCCL's WARN lines among it
+        try:
+            results = labutils.launch(two_ranks_one_gpu, pg_timeout_s, world_size=2, backend="gloo", init="none",
+                                      timeout=timeout_s, env={"NCCL_DEBUG": "WARN", mark: "1"})
+            outcome, message = "result", f"returned {results}"
+        except labutils.RankTimeout as e:
+            outcome, message = "hang", str(e).split(". HINT")[0]
+        except labutils.RankError as e:
+            outcome, message = "error", f"rank {e.rank} raised {e.exc_type}: {e.remote_message}"
+    seconds = time.perf_counter() - t0
+    return {"outcome": outcome, "seconds": round(seconds, 1), "message": message[:3000],
+            "nccl_warn": [ln for ln in buf.getvalue().splitlines() if "NCCL WARN" in ln][:10],
+            "leftover_ranks": len([p for p in procs.leftover_ranks(wait_s=1.0) if marked(p, mark)])}
+
+
+# %% tags=["nbval-ignore-output"]
+DUP = recorded.live_or_recorded("05_two_ranks_one_gpu", lambda: cause_two_ranks_one_gpu(HANG_S, PG_TIMEOUT_S),
+                                gpus_needed=1)
+ERR_S["two ranks on one GPU, nccl"] = DUP.data["seconds"]
+print(f"two ranks on cuda:0 [{DUP.label}] -> {DUP.data['outcome']} after {DUP.data['seconds']:g} s")
+for ln in DUP.data["message"].splitlines()[:12]:
+    print("  ", ln[:200])
+print("NCCL's own words:", *(f"\n   {ln.strip()[:200]}" for ln in DUP.data["nccl_warn"][:3]))
+if labutils.errors.hint_for(DUP.data["message"]):
+    print("labutils' hint for it:", labutils.errors.hint_for(DUP.data["message"]))
+print(f"your prediction: {my_prediction_two_ranks_one_gpu}")
+claims.show(CLAIMS["05_two_ranks_one_gpu"](DUP.data), DUP)
+
+# %% [markdown]
+# **Reading it.** NCCL's communicator set-up gathers every rank's PCI bus id and, where two are equal, returns
+# `ncclInvalidUsage` on every rank before any data moves (`src/init.cc`, with the message the second verdict
+# looks for). torch raises NCCL's error as a `DistBackendError` from the call that created the communicator
+# (here the first `all_reduce`: the group is lazy), with NCCL's last error appended: the two ranks and the
+# device they share. The fix is one line before the group exists: `torch.cuda.set_device(local_rank)` (or
+# `device_id=torch.device("cuda", local_rank)`), which is what `labutils.launch` does for every NCCL rank. The
+# last verdict checks the clean-up: a launch that fails kills every rank it started.
 
 # %% [markdown]
 # ## 6 · A hard-coded port
@@ -442,16 +518,17 @@ def nccl_hello(rank, world_size):
     return x[0].item()
 
 
-def nccl_debug_log():
-    """Run two collectives with NCCL_DEBUG=INFO and return the NCCL lines every rank printed."""
-    buf, error = io.StringIO(), ""
+def nccl_debug_log(world_size=None):
+    """Run two collectives with NCCL_DEBUG=INFO; the NCCL lines every rank printed, and the ranks' results."""
+    buf, error, results = io.StringIO(), "", []
     with contextlib.redirect_stdout(buf):  # launch prints the ranks' lines: capture them
         try:
-            labutils.launch(nccl_hello, backend="nccl", timeout=120,
-                            env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,COLL"})
+            results = labutils.launch(nccl_hello, world_size=world_size, backend="nccl", timeout=120,
+                                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,COLL"})
         except (labutils.RankError, labutils.RankTimeout) as e:
             error = str(e)
-    return {"log": "\n".join(ln for ln in buf.getvalue().splitlines() if "NCCL" in ln), "error": error}
+    return {"log": "\n".join(ln for ln in buf.getvalue().splitlines() if "NCCL" in ln), "error": error,
+            "results": results}
 
 
 # %% tags=["nbval-ignore-output"]
@@ -495,7 +572,7 @@ print(f"\nyour prediction: {my_prediction_transport}; NCCL used: {', '.join(info
 display(pd.DataFrame(topology.links_table(info)))
 for path in topology.gpu_paths(info):
     print(topology.describe_path(path, info))
-claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
+claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data), nccl_log)
 
 # %% [markdown]
 # `NVS` is an **NVSwitch**: the GPUs' NVLinks do not go to each other but to the switch chips of the board,
@@ -514,6 +591,30 @@ claims.show(CLAIMS["05_nccl_debug_info"](nccl_log.data))
 # operation and element count. Two ranks whose lists differ are two ranks that disagree.
 
 # %% [markdown]
+# ### 7b · Your machine, one rank
+# The log above needs two GPUs. One GPU is enough for the first half of it: a communicator of **one** rank, on
+# this machine, with the same settings. Compare its lines with the two-rank log: the version, the bootstrap
+# network and the topology are there; what a second rank would add — rings, channel connections and their
+# transports — is not, since one rank has nobody to talk to (a one-rank all_reduce is, at most, a copy on its
+# own GPU). **Predict:** how many channel connection lines (`… via P2P/…`) will the one-rank log have?
+
+# %%
+my_prediction_one_rank_connections = None  # ✍ a number
+
+# %% tags=["nbval-ignore-output"]
+one_log = recorded.live_or_recorded("05_nccl_one_rank", lambda: nccl_debug_log(world_size=1), gpus_needed=1)
+one_info = debugging.parse_nccl_log(one_log.data["log"])
+if one_log.data.get("error"):
+    print("the launch failed:", one_log.data["error"][:300])
+print(f"{len(one_log.data['log'].splitlines())} NCCL lines [{one_log.label}]; the set-up, cut to 160 characters:")
+for ln in one_log.data["log"].splitlines()[:20]:
+    print("  ", ln[:160])
+print()
+print(debugging.summarize_nccl(one_info))
+print(f"\nyour prediction: {my_prediction_one_rank_connections}; connection lines: {len(one_info.connections)}")
+claims.show(CLAIMS["05_nccl_one_rank"](one_log.data), one_log)
+
+# %% [markdown]
 # ## 8 · What torch's timeout left behind
 #
 # The demo of section 3 has been running in the background; here is how it ended.
@@ -530,7 +631,7 @@ for where, r in runs.items():
     print(f"--- {where}: error after {r['seconds']} s\n{r['error'][:600]}")
     print("flight-recorder dumps written by torch:", r["dumps"] or "none")
     print("first divergence:", r["divergence"])
-claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data))
+claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data), nccl_timeout)
 
 # %% [markdown]
 # **Reading it.** Under gloo the waiting rank raises, and labutils names it with the hint *"torch's own
@@ -643,7 +744,7 @@ verdicts = [claims.Verdict("Source 002: init_method='tcp://localhost:23456' work
                            f"rank {port_error.rank}: {port_error.exc_type}" if port_error else "no error",
                            "TRUE if the launch returns", claims.FALSE if port_error else claims.TRUE,
                            recorded.live_source())]   # tried on this machine in section 6
-verdicts += claims.judge(CLAIMS, nccl, wrong_device, nccl_timeout, nccl_log)
+verdicts += claims.judge(CLAIMS, nccl, wrong_device, nccl_timeout, nccl_log, DUP, one_log)
 claims.table(verdicts)
 
 # %% [markdown]
@@ -652,7 +753,8 @@ claims.table(verdicts)
 # from this machine:
 
 # %% tags=["nbval-ignore-output"]
-ERR_FROM = {k: (nccl_timeout if k.startswith("torch's own timeout") else nccl).source if k.endswith(", nccl")
+ERR_FROM = {k: (nccl_timeout if k.startswith("torch's own timeout") else DUP if k.startswith("two ranks on one GPU")
+                 else nccl).source if k.endswith(", nccl")
             else recorded.live_source() for k in ERR_S}
 pd.DataFrame({"seconds": ERR_S, "source": ERR_FROM}).round(1)
 

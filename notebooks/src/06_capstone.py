@@ -6,15 +6,17 @@
 #    every result, read the table — and measure what the benchmark adds to the torch call it times.
 # 2. Split the time of a small collective into the host's launch and the GPU's work with `torch.profiler`, then
 #    remove the host's part with a CUDA graph, following the rules a captured collective needs — and measure
-#    what profiling and capturing leave behind in the ranks that did them.
+#    what profiling and capturing leave behind in the ranks that did them; on one GPU, the same split and replay
+#    for a small kernel.
 # 3. Fit the alpha–beta model per collective, predict the communication of labs 02 and 04 with the fit that
 #    matches how each moves its data, and find with a profiler trace where the remaining difference goes.
 # 4. Compare an exchange in both directions with a one-way send across sizes, and explain the difference from
 #    how NCCL runs them.
 #
-# **GPUs needed for the live path:** 2 (or more). With fewer, the correctness checks and the exercises run live
-# on gloo ranks, and the measurements are the ones recorded on 2×H200 by this notebook's own code, labelled
-# **RECORDED**.
+# **GPUs needed for the live path:** 2 (or more); one GPU runs section 6b (a small kernel's launch, device time
+# and CUDA-graph replay) live. With fewer, the correctness checks and the exercises run live on gloo ranks, and
+# the measurements that need more GPUs than the machine has are the ones recorded by this notebook's own code,
+# labelled **RECORDED**.
 #
 # **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 7 s on a
 # 2-core CPU.
@@ -232,7 +234,7 @@ plots.time_plot(sizes, series, fits={c: FITS[c] for c in SHOW}, title=f"time vs 
 # a quarter is a rough guide, not a model to predict with.
 
 # %% tags=["nbval-ignore-output"]
-V_SWEEP = CLAIMS["06_bench_sweep"](SWEEP.data)
+V_SWEEP = claims.sourced(CLAIMS["06_bench_sweep"](SWEEP.data), SWEEP)
 VERDICTS += V_SWEEP
 claims.show(V_SWEEP)
 
@@ -346,7 +348,7 @@ if ALPHA is not None:
     display(pd.Series(split, name="µs").round(1).to_frame().rename_axis(f"8-byte all_reduce — {ALPHA.label}"))
     if my_prediction_kernel_share is not None:
         print(f"kernel share: {a['device_share']:.0%}; you predicted {my_prediction_kernel_share:.0%}")
-    V_ALPHA = CLAIMS["06_alpha_split"](ALPHA.data)
+    V_ALPHA = claims.sourced(CLAIMS["06_alpha_split"](ALPHA.data), ALPHA)
     VERDICTS += V_ALPHA
     claims.show(V_ALPHA)
     if ALPHA.live:
@@ -392,7 +394,8 @@ if ALPHA is not None:
 # times the eager loop and the replay **in turn, sample by sample, in one block** (`timing.benchmark_loops`):
 # the comparison the verdict makes, between two loops measured in the same ranks at the same moment. It uses
 # `MAX`, so that replaying the captured calls many times in place leaves a value that can be checked: the
-# largest of `rank + 1`, the world size. It runs on GPUs only.
+# largest of `rank + 1`, the world size. It needs two GPUs or more (a collective between GPUs); section 6b does the
+# same on one GPU with a small kernel.
 
 # %%
 def graph_all_reduce(rank, world_size, calls=50, replays=10):
@@ -448,7 +451,7 @@ if CAPTURE is not None:
     display(pd.Series({k: v for k, v in per_call.items() if v is not None}, name="µs per call").round(1).to_frame()
             .rename_axis(f"8-byte all_reduce, the same ranks in turn — {CAPTURE.label}"))
     print(f"replayed all_reduces right on every rank: {all(c['correct'])}")
-    V_CAPTURE = CLAIMS["06_graph_capture"](c)
+    V_CAPTURE = claims.sourced(CLAIMS["06_graph_capture"](c), CAPTURE)
     VERDICTS += V_CAPTURE
     claims.show(V_CAPTURE)
 
@@ -490,7 +493,7 @@ if GRAPH is not None:
     GDOC = report.make_doc(GRAPH.data, fingerprint=GRAPH.fingerprint, command="notebook 06 (-G 20)",
                            recorded_at=GRAPH.recorded_at)
     print("\n".join(report.table_lines(GDOC)))
-    V_GRAPH = CLAIMS["06_bench_graph"](GRAPH.data)
+    V_GRAPH = claims.sourced(CLAIMS["06_bench_graph"](GRAPH.data), GRAPH)
     VERDICTS += V_GRAPH
     claims.show(V_GRAPH)
 
@@ -505,7 +508,94 @@ if GRAPH is not None:
 # (above). Eager numbers are what a training loop that launches its collectives one by one pays;
 # graph numbers are what a loop that captures its step pays (as CUDA-graph training does), and the floor
 # that a cheaper host could reach.
+
+# %% [markdown]
+# ### 6b · One GPU: a small kernel, launched and replayed
+# The split of sections 5 and 6 needs no collective: any small kernel is two jobs in a row too, the host's
+# launch and the device's run, and a CUDA graph removes the first. On one GPU, in this process, with the
+# smallest kernel there is — `x.add_(1.0)` on two floats — `small_kernel_split` measures, per call:
+# * **back to back**: 100 launches between two CUDA events (`timing.benchmark`): the pace of the loop;
+# * **the host's launch**: the same 100 launches timed with `perf_counter`, without synchronising;
+# * **the device's time**: the same 100 launches queued behind a GPU sleep longer than the host takes to issue
+#   them (`timing.gpu_sleep`). The start event is recorded after the sleep, so when it fires the 100 kernels are
+#   already waiting, and the events time the device running them back to back, with no gap left by the host;
+# * **replayed**: the 100 launches captured once in a CUDA graph (warmed up on a side stream first, the rule of
+#   section 6) and replayed; afterwards `x` must hold exactly 100.
 #
+# The thresholds are section 5's and 6's: the device's part at most a quarter, the host's launch at least 80% of
+# the pace, a replay at most half the eager time.
+
+# %%
+my_prediction_launch_us = None  # ✍ µs the host needs to launch one small kernel from Python
+
+
+# %%
+def small_kernel_split(calls=100, repeat=9):
+    """Host launch vs device time of a tiny kernel on one GPU, launched eagerly and replayed from a graph."""
+    x = torch.zeros(2, device="cuda")                # 8 bytes: the kernel has almost nothing to do
+
+    def launch(k=calls):
+        for _ in range(k):
+            x.add_(1.0)                              # one kernel launch per call
+
+    eager = timing.benchmark(launch, warmup=3, repeat=repeat, device="cuda")   # the loop's pace, CUDA events
+    host = []
+    for _ in range(repeat):                          # the host alone: issuing the launches, no synchronisation
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    rate, clock, queued = timing.sleep_cycles_per_ms(), timing.Clock("cuda"), []
+    for _ in range(repeat):                          # the device alone: the kernels queued behind a GPU sleep
+        timing.gpu_sleep(2 * max(host) + 1, rate)    # longer than issuing them: all are queued when it ends
+        start = clock.mark()
+        launch()
+        stop = clock.mark()
+        clock.synchronize()
+        queued.append(clock.elapsed_ms(start, stop))
+    side = torch.cuda.Stream()                       # capture: warm up on a side stream, then record the calls
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(3)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    x.zero_()
+    graph.replay()
+    correct = bool((x == calls).all().item())        # .item() waits for the replay
+    replay = timing.benchmark(graph.replay, warmup=3, repeat=repeat, device="cuda")
+    return {"kernel": "x.add_(1.0) on 2 float32", "calls": calls, "correct": correct,
+            "eager_us": eager.median_ms * 1e3 / calls, "host_us": statistics.median(host) * 1e3 / calls,
+            "device_us": statistics.median(queued) * 1e3 / calls, "graph_us": replay.median_ms * 1e3 / calls}
+
+
+# %% tags=["nbval-ignore-output"]
+ONE_GPU = measurement("06_one_gpu_launch", small_kernel_split, gpus_needed=1)
+if ONE_GPU is not None:
+    k = ONE_GPU.data
+    display(pd.Series({"per call, back to back (CUDA events)": k["eager_us"],
+                       "the host launching one call (perf_counter, no sync)": k["host_us"],
+                       "the device running one call, queued (CUDA events)": k["device_us"],
+                       "replayed from a CUDA graph (CUDA events)": k["graph_us"]}, name="µs per call").round(2)
+            .to_frame().rename_axis(f"{k['kernel']}, {k['calls']} calls a sample — {ONE_GPU.label}"))
+    print(f"replayed kernels right: {k['correct']}")
+    if my_prediction_launch_us is not None:
+        print(f"host launch per call: {k['host_us']:.1f} µs; you predicted {float(my_prediction_launch_us):.1f} µs")
+    V_ONE_GPU = claims.sourced(CLAIMS["06_one_gpu_launch"](k), ONE_GPU)
+    VERDICTS += V_ONE_GPU
+    claims.show(V_ONE_GPU)
+
+# %% [markdown]
+# **Reading it.** A kernel that does nothing still costs its launch: Python, the dispatcher picking `add_`'s
+# CUDA kernel, and `cudaLaunchKernel`, all on the host. Where the first two verdicts are TRUE the loop runs at
+# the host's pace and the GPU idles between kernels; the device's own time per kernel (the queued row) is then
+# what a faster host could reach. A replay hands the GPU the whole sequence in one call; the graph row shows how
+# close that comes. That is also the split of section 5's 8-byte all_reduce, without NCCL: what is left
+# there beyond this kernel's rows is ProcessGroupNCCL's bookkeeping on the host and NCCL's kernel on the device.
+
+# %% [markdown]
 # ## 7 · One way or both ways: is NVLink full duplex?
 #
 # An NVLink carries data in both directions at once, each at the full rate; lab 02's path table times the
@@ -578,7 +668,8 @@ else:
                           for s, (o, b) in eager_pairs.items() if s < LARGE_MIN]
                          ).set_index("size").round(2).rename_axis(f"{SWEEP.label}; graph: "
                                                                   f"{GRAPH.label if GRAPH else 'none'}"))
-    V_DUPLEX = CLAIMS[("06_bench_sweep", "06_bench_graph")](SWEEP.data, GRAPH.data) if GRAPH is not None else []
+    V_DUPLEX = (claims.sourced(CLAIMS[("06_bench_sweep", "06_bench_graph")](SWEEP.data, GRAPH.data),
+                                {"eager sweep": SWEEP, "graph sweep": GRAPH}) if GRAPH is not None else [])
     VERDICTS += V_DUPLEX
     claims.show(V_DUPLEX)
 if DUPLEX is not None:
@@ -595,7 +686,7 @@ if DUPLEX is not None:
     display(pd.DataFrame(rows).set_index("size").round(2).rename_axis(DUPLEX.label))
     if params is None:
         print("NCCL channels: no NCCL start-up log of this machine and two ranks recorded (lab 05 records one).")
-    V_LARGE = CLAIMS["06_duplex"](DUPLEX.data)
+    V_LARGE = claims.sourced(CLAIMS["06_duplex"](DUPLEX.data), DUPLEX)
     VERDICTS += V_LARGE
     claims.show(V_LARGE)
 measured = {**{s: b["time_us"] / o["time_us"] for s, (o, b) in eager_pairs.items()},
@@ -699,7 +790,8 @@ if "04" in LABS:
                            "send_recv fit (µs)": us(t["predicted_ms"]), "send_recv / measured": t["ratio"],
                            "note": o["note"] or t["note"]} for o, t in zip(one, two)]).set_index("op").round(2)
             .rename_axis(f"lab 04: {lab04.label}; fits: {SWEEP.label}"))
-    V_04 = CLAIMS[("06_bench_sweep", "04_comm_summary")](SWEEP.data, lab04.data)
+    V_04 = claims.sourced(CLAIMS[("06_bench_sweep", "04_comm_summary")](SWEEP.data, lab04.data),
+                         {"fits": SWEEP, "lab 04": lab04})
     VERDICTS += V_04
     claims.show(V_04)
 
@@ -738,7 +830,8 @@ if "02" in LABS:
                           for o, e, g, t in zip(ops02, eager02, graph02, transfer02)]).set_index("op").round(2)
             .rename_axis(f"lab 02: {lab02.label}; fits: {SWEEP.label}"))
     if device:
-        V_02 = CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")](SWEEP.data, device, lab02.data)
+        V_02 = claims.sourced(CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")](SWEEP.data, device, lab02.data),
+                             {"eager fit": SWEEP, "device fit": GRAPH, "lab 02": lab02})
         VERDICTS += V_02
         claims.show(V_02)
     if not has_transfer_times(lab02.data):

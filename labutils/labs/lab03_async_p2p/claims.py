@@ -149,3 +149,29 @@ def ring_verdicts(data: dict) -> list[claims.Verdict]:
 
 CLAIMS = {"03_source_on_nccl": source_verdicts, "03_exchange_variants": exchange_verdicts,
           "03_wait_nccl": wait_verdicts, "03_overlap": overlap_verdicts, "03_ring_vs_nccl": ring_verdicts}
+
+
+# ---- one GPU: copies beside a matmul on a side stream, and the race without wait_stream ----------------------
+
+RACE_SHOWN = 0.5   # "the overwrite reaches the copy": at least half of the saved elements hold step 2's value
+
+
+def one_gpu_verdicts(data: dict) -> list[claims.Verdict]:
+    """``03_one_gpu_streams``: each host <-> GPU copy beside a matmul, and the race with and without the fix."""
+    out = [overlap_verdict(f"on one GPU, a {c['transfer']} on a side stream hides behind a matmul (a copy engine "
+                           "needs no SMs)", c) for c in data["cases"]]
+    race = data["race"]
+    worst_fixed = max(race["fixed_delayed"], race["fixed"])
+    out += [
+        claims.at_least("without main.wait_stream(side), the current stream's overwrite reaches the side stream's "
+                        "copy", race["unsynced_delayed"], RACE_SHOWN,
+                        figure=f"{race['unsynced_delayed']:.1%} of the saved elements hold step 2's value (side "
+                               f"stream busy {race['delay_ms']:g} ms first)"),
+        claims.at_most("with main.wait_stream(side) before the overwrite, the copy holds step 1's data",
+                       worst_fixed, 0.0, figure=f"at most {worst_fixed:.1%} overwritten, side stream busy first "
+                                                f"or not ({race['trials']} runs each)"),
+    ]
+    return out
+
+
+CLAIMS["03_one_gpu_streams"] = one_gpu_verdicts

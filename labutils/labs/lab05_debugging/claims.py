@@ -73,3 +73,43 @@ def nccl_log_verdicts(data: dict) -> list[claims.Verdict]:
 
 CLAIMS = {"05_raw_mistakes_nccl": mistake_verdicts, "05_wrong_device_nccl": wrong_device_verdicts,
           "05_torch_timeout_nccl": timeout_verdicts, "05_nccl_debug_info": nccl_log_verdicts}
+
+
+# ---- one GPU: NCCL_DEBUG=INFO of a one-rank communicator, and two ranks on one GPU ---------------------------
+
+DUPLICATE_GPU = "Duplicate GPU detected"   # NCCL's words (src/init.cc) when two ranks of a communicator share a GPU
+
+
+def one_rank_log_verdicts(data: dict) -> list[claims.Verdict]:
+    """``05_nccl_one_rank``: one NCCL rank on this machine's first GPU, with ``NCCL_DEBUG=INFO``."""
+    log = debugging.parse_nccl_log(data["log"])
+    results = data.get("results") or []
+    return [
+        claims.Verdict("with one rank NCCL builds a communicator that connects to no other GPU",
+                       f"NCCL {log.version or '?'}: {log.nranks or '?'} rank(s), {len(log.connections)} channel "
+                       "connection lines", "TRUE if the log has 1 rank and no connection line",
+                       claims.TRUE if log.nranks == 1 and not log.connections else claims.FALSE),
+        claims.Verdict("a one-rank all_reduce and broadcast return the rank's own data", f"results {results}",
+                       "TRUE if the launch ended without an error and returned 1.0",
+                       claims.TRUE if results == [1.0] and not data.get("error") else claims.FALSE),
+    ]
+
+
+def two_ranks_one_gpu_verdicts(data: dict) -> list[claims.Verdict]:
+    """``05_two_ranks_one_gpu``: two ranks that both bind to GPU 0 and create one NCCL communicator."""
+    said = data["message"] + "\n" + "\n".join(data["nccl_warn"])
+    return [
+        claims.Verdict("two ranks on one GPU end in an error, not in a hang or a result",
+                       f"{data['outcome']} after {data['seconds']:.1f} s", "TRUE if a rank raised an error",
+                       claims.TRUE if data["outcome"] == "error" else claims.FALSE),
+        claims.Verdict("NCCL names the mistake", next((ln.strip()[:160] for ln in said.splitlines()
+                                                       if DUPLICATE_GPU in ln), "no such line"),
+                       f"TRUE if the error or an NCCL WARN line says '{DUPLICATE_GPU}'",
+                       claims.TRUE if DUPLICATE_GPU in said else claims.FALSE),
+        claims.compare("no rank of the failed launch is left running", data["leftover_ranks"], "<=", 0,
+                       figure=f"{data['leftover_ranks']} labutils rank process(es) left after the launch"),
+    ]
+
+
+CLAIMS["05_nccl_one_rank"] = one_rank_log_verdicts
+CLAIMS["05_two_ranks_one_gpu"] = two_ranks_one_gpu_verdicts

@@ -240,3 +240,26 @@ CLAIMS = {
     ("06_bench_sweep", "04_comm_summary"): lab04_verdicts,
     ("06_bench_sweep", "06_bench_graph", "02_comm_summary"): lab02_verdicts,
 }
+
+
+def one_gpu_launch_verdicts(data: dict) -> list[claims.Verdict]:
+    """``06_one_gpu_launch``: a tiny kernel on one GPU -- host launch, device time, CUDA-graph replay."""
+    eager = data["eager_us"]
+    share = data["device_us"] / eager
+    return [
+        claims.at_most("the device's part of a small kernel's eager call is small", share, DEVICE_SHARE,
+                       figure=f"device {data['device_us']:.2f} us (queued) of {eager:.2f} us per eager call = "
+                              f"{claims.percents(share, DEVICE_SHARE)[0]} ({data['kernel']})"),
+        claims.at_least("back to back, small kernels run at the pace the host launches them",
+                        data["host_us"] / eager, HOST_PACE,
+                        figure=f"host {data['host_us']:.2f} us to launch one, {eager:.2f} us per call on the "
+                               "GPU's clock"),
+        claims.at_most("replayed from a CUDA graph, a small kernel costs at most half its eager time",
+                       data["graph_us"] / eager, GRAPH_GAIN,
+                       figure=f"{data['graph_us']:.2f} us per kernel from the graph, {eager:.2f} us eager"),
+        claims.compare("the replayed kernels give the right result", int(data["correct"]), ">=", 1,
+                       figure=f"x == {data['calls']} after one replay: {data['correct']}"),
+    ]
+
+
+CLAIMS["06_one_gpu_launch"] = one_gpu_launch_verdicts

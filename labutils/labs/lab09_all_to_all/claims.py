@@ -152,3 +152,37 @@ def dtensor_verdicts(data: dict) -> list[claims.Verdict]:
 
 CLAIMS = {"09_a2a_sweep": a2a_verdicts, ("09_a2a_sweep", "09_moe"): moe_verdicts, "09_sp_block": sp_verdicts,
           "09_dtensor": dtensor_verdicts}
+
+
+def dtensor_one_rank_verdicts(data: dict) -> list[claims.Verdict]:
+    """``09_dtensor_one_rank``: DTensor against the hand-written layers on a one-rank mesh (nothing on the wire)."""
+    t, tokens, out = data["time_ms"], data["tokens"], []
+    for kind in ("TP", "SP"):
+        small, large = t[f"DTensor {kind}"][0] / t[kind][0], t[f"DTensor {kind}"][-1] / t[kind][-1]
+        extra_ms = t[f"DTensor {kind}"][0] - t[kind][0]
+        out.append(claims.at_least(f"on a one-rank mesh, where nothing crosses a link, DTensor {kind} still adds a "
+                                   "visible overhead on a small layer", small, 1.1,
+                                   figure=f"DTensor / hand-written = {small:.2f}x at {tokens[0]} tokens "
+                                          f"({extra_ms:+.3f} ms a step)"))
+        out.append(claims.at_most(f"on a one-rank mesh, DTensor {kind} is as fast as the hand-written {kind} on a "
+                                  "large layer", large, 1.1,
+                                  figure=f"DTensor / hand-written = {large:.2f}x at {tokens[-1]} tokens"))
+    return out
+
+
+CLAIMS["09_dtensor_one_rank"] = dtensor_one_rank_verdicts
+
+
+def dtensor_cpu_floor_verdicts(many: dict, one: dict) -> list[claims.Verdict]:
+    """``("09_dtensor", "09_dtensor_one_rank")``: DTensor SP's step on one rank at the smallest layer (paced by
+    its CPU work: nothing crosses a link, and little runs on the GPU) against the hand-written SP's step on
+    several ranks at the largest layer."""
+    floor, step = one["time_ms"]["DTensor SP"][0], many["time_ms"]["SP"][-1]
+    return [claims.at_least(f"DTensor SP's CPU work alone outlasts the hand-written SP's step on {many['world_size']} "
+                            f"GPUs at the largest layer, so DTensor SP is paced by the CPU there", floor / step, 1.0,
+                            figure=f"one rank, {one['tokens'][0]} tokens: DTensor SP {floor:.2f} ms; "
+                                   f"{many['world_size']} ranks, {many['tokens'][-1]} tokens: hand-written SP "
+                                   f"{step:.2f} ms ({floor / step:.2f}x)")]
+
+
+CLAIMS[("09_dtensor", "09_dtensor_one_rank")] = dtensor_cpu_floor_verdicts
