@@ -158,6 +158,10 @@ HINTS = [
      "(TORCH_DISTRIBUTED_DEBUG=DETAIL names both sides)."),
     (r"invalid device ordinal",
      "the rank asked for a GPU that does not exist: use one GPU per rank, cuda:0..cuda:<world_size-1>."),
+    (r"Duplicate GPU detected",
+     "two ranks of one NCCL communicator are on the same GPU, which NCCL refuses: give each rank its own "
+     "GPU (torch.cuda.set_device(local_rank) before the first collective), or use backend='gloo' for "
+     "more ranks than GPUs."),
 ]
 
 

@@ -598,6 +598,8 @@ def test_mismatch_messages_and_hints():
     from labutils import errors
     assert "NCCL moves CUDA tensors only" in errors.hint_for("RuntimeError: No backend type associated with device type cpu")
     assert "ran out of memory" in errors.hint_for("OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 TiB")
+    assert "its own GPU" in errors.hint_for(
+        "ncclInvalidUsage: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60")
     assert errors.hint_for("ValueError: something of the user's") == ""
     watchdog = ("terminate called after throwing an instance of 'c10::DistBackendError'\n  what():  [PG ID 0 "
                 "PG GUID 0(default_pg) Rank 0] Process group watchdog thread terminated with exception: [Rank 0] "
