@@ -314,7 +314,7 @@ def _waits_forever(output, input, output_split_sizes=None, input_split_sizes=Non
 
 def test_a_hang_becomes_an_exercise_error_with_a_hint(monkeypatch):
     monkeypatch.setattr(check, "TIMEOUT_S", 5)
-    with pytest.raises(ExerciseError, match="did not return within 5 s"):
+    with pytest.raises(ExerciseError, match="did not finish within 5 s"):
         check.all_to_all_p2p(_waits_forever)          # no pool: 3 fresh gloo ranks
 
 

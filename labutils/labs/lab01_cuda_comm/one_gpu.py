@@ -14,10 +14,10 @@ ship in a recording.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from ...instruments import profiler
 from .analysis import device_kernels
 from .devices import CommSetup
 
@@ -52,11 +52,8 @@ def profile_program(fn: Callable[[], object], setup: CommSetup, *, trace_path=No
     with profile(activities=activities) as prof:
         fn()
         setup.synchronize()
-    kernels = device_kernels(prof.events())
-    with tempfile.TemporaryDirectory(prefix="labutils-trace-") as tmp:
-        path = Path(trace_path) if trace_path is not None else Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
+    trace = profiler.export(prof, trace_path)
+    kernels = device_kernels(profiler.kernels(trace, copies=True))
     return {"kernels": kernels, "devices": sorted({k["device"] for k in kernels}), "trace": small_trace(trace)}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ... import timing
+from ...instruments import memory as probe
 from . import memory, steps
 from . import model as M
 
@@ -36,23 +37,23 @@ def plain_step(cfg: dict | None = None, device="cuda:0") -> dict:
     del a
     psi = M.n_params(cfg)
     x, y = M.token_batch(cfg, cfg["batch_per_rank"], seed=0, device=dev)
-    base = memory.fresh_baseline(dev)
+    base = probe.fresh_baseline(dev)
     m = M.build_transformer(cfg, device=dev)
-    weights = memory.allocated(dev) - base
+    weights = probe.allocated(dev) - base
     step = steps.train_step(m, steps.adam(m.parameters(), dev), x, y)
     for _ in range(max(2, cfg["warmup"])):   # AdamW's state exists from the first step on
         step()
     timing.Clock(dev).synchronize()
-    state = memory.allocated(dev) - base
-    memory.reset_peak(dev)
+    state = probe.allocated(dev) - base
+    probe.reset_peak(dev)
     step()
     timing.Clock(dev).synchronize()
-    peak = memory.peak(dev) - base
+    peak = probe.peak(dev) - base
     t = timing.benchmark(step, warmup=0, repeat=max(5, cfg["repeat"]), device=dev)
     out = {"config": cfg, "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "n_params": psi, "step_ms": t.median_ms, "samples_ms": list(t.samples_ms),
            "weights_bytes": weights, "state_bytes": state, "peak_bytes": peak,
            "predicted_state_bytes": memory.predicted_bytes("DDP", psi, 1)}
     del m, step, x, y
-    memory.fresh_baseline(dev)
+    probe.fresh_baseline(dev)
     return out
