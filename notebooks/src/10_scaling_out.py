@@ -224,7 +224,7 @@ display(pd.DataFrame({
     "per-link model: ring faster than direct above": [size_or_never(None if R2 is None else model.crossover_bytes(
         "ring", "direct", n, R2.alpha_us / 2, R2.beta_gbps)) for n in NS]},
     index=pd.Index(NS, name="n")))
-claims.show(CLAIMS["10_cost_vs_n"](C))
+claims.show(claims.judge(CLAIMS, COST))
 
 # %% [markdown]
 # **Reading it.** The first two verdicts are the algorithms' correctness and the ledger's agreement with the
@@ -620,7 +620,7 @@ display(pd.DataFrame({
 for f in (published.H100_8GPU_RING_BUSBW, published.H100_8GPU_NVLS_BUSBW, published.NVLINK4_LINE_RATE,
           published.IB_NDR_PER_NIC):
     print(f"published, not measured here: {f.value:g} {f.unit} — {f.what}; {f.settings}. Source: {f.source}")
-claims.show(CLAIMS["06_bench_sweep"](BENCH.data))
+claims.show(claims.judge(CLAIMS, BENCH))
 
 # %% [markdown]
 # **Reading it.** The first verdict asks whether a 2-GPU fit and the ring's bus factor carry to 8 GPUs, against
@@ -664,13 +664,13 @@ display(pd.DataFrame({"compute (ms)": ROOF.data["compute_ms"], "all-reduce (ms)"
                       "modelled compute (ms)": [c for c, _ in R["modelled_ms"]],
                       "modelled all-reduce (ms)": [m for _, m in R["modelled_ms"]]},
                      index=pd.Index(ROOF_HIDDENS, name="hidden")).round(3))
-claims.show(CLAIMS["10_roofline"](ROOF.data))
+claims.show(claims.judge(CLAIMS, ROOF))
 
 # %% [markdown]
 # ## 6 · Summary
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["10_cost_vs_n"](C) + CLAIMS["06_bench_sweep"](BENCH.data) + CLAIMS["10_roofline"](ROOF.data))
+claims.table(claims.judge(CLAIMS, COST, BENCH, ROOF))
 
 # %% [markdown]
 # * A ring all-reduce sends 2(n − 1)/n · S per rank — under 2S for any n — in 2(n − 1) rounds; a tree needs
