@@ -12,7 +12,7 @@ launches 4.
 from __future__ import annotations
 
 from .. import bandwidth
-from . import attempted, fail, passed, run_ranks, say_not_attempted, standin
+from . import attempted, fail, is_standin, passed, run_ranks, say_not_attempted, standin
 
 WORLD_SIZE = 4
 LOCAL = 2                  # ranks per "node"
@@ -141,7 +141,6 @@ def inter_node_bytes(fn, hierarchical=None, pool=None) -> None:
     ``hierarchical`` is yours (it passed exercise 1, not a stand-in), against what the ledger counts it
     sending across the 2 "nodes" of 4 gloo ranks (within 1%)."""
     from labutils.labs.lab10_scaling_out import model, verify
-    from . import is_standin
     if not attempted(fn, lambda f: f(2**20, 2, 2)):
         say_not_attempted("my_inter_node_bytes")
         return
