@@ -170,10 +170,14 @@ def test_hierarchical_reference_passes(gloo4, capsys):
     assert "✓ hierarchical all-reduce on 4 ranks" in capsys.readouterr().out
 
 
-def test_hierarchical_not_attempted_uses_the_stand_in(gloo4, capsys):
-    assert check.hierarchical_all_reduce(_stub, pool=gloo4) is solution.hierarchical_all_reduce
-    out = capsys.readouterr().out
-    assert "not attempted" in out and "✓" in out
+def test_hierarchical_not_attempted_says_so_and_gives_torch_s_all_reduce(gloo4, capsys):
+    fn = check.hierarchical_all_reduce(_stub, pool=gloo4)
+    assert fn is check.torch_all_reduce and labutils.checks.is_standin(fn)
+    out, err = capsys.readouterr()
+    assert "✓" not in out and "not attempted: my_hierarchical_all_reduce" in err and "no points" in err
+    assert "torch's flat dist.all_reduce" in err
+    reports = gloo4.run(verify.hierarchical, fn, 2, 1024)           # the stand-in sums, flat, over the world
+    assert all(r["equal"] and r["other"] > 0 for r in reports)
 
 
 def test_hierarchical_that_sends_the_whole_tensor_across_is_rejected(gloo4):
@@ -194,30 +198,60 @@ def test_hierarchical_with_a_wrong_sum_is_rejected(gloo4):
 
 
 def test_hierarchical_on_the_world_group_is_rejected(gloo4):
-    def flat(tensor, node_group, cross_group):
+    def flat(tensor, node_group, cross_group):                 # the stand-in, submitted as an answer
         dist.all_reduce(tensor)
     with pytest.raises(ExerciseError, match="neither your node nor your cross group"):
         check.hierarchical_all_reduce(flat, pool=gloo4)
 
 
 # ------------------------------------------------------------------ exercise 2: the prediction
-def test_prediction_right_wrong_and_missing(gloo4, capsys):
-    check.inter_node_bytes(2**19, 2**20, pool=gloo4)
-    assert "✓ your prediction 524,288" in capsys.readouterr().out
-    check.inter_node_bytes(None, 2**20, pool=gloo4)
-    assert "not attempted" in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="predicted 1,048,576.*HINT: that is what crosses when the whole tensor"):
-        check.inter_node_bytes(2**20, 2**20, pool=gloo4)          # plausible: the flat all-reduce's share
-    with pytest.raises(ExerciseError, match="expected a number"):
-        check.inter_node_bytes("half", 2**20, pool=gloo4)
+def test_prediction_right_with_the_ledger_and_without(gloo4, capsys):
+    check.inter_node_bytes(solution.inter_node_bytes, solution.hierarchical_all_reduce, pool=gloo4)
+    assert "and the ledger: 524,288 bytes per rank across nodes" in capsys.readouterr().out
+    check.inter_node_bytes(solution.inter_node_bytes, check.torch_all_reduce, pool=gloo4)
+    assert "the ledger counted none" in capsys.readouterr().out
+
+
+def test_prediction_not_attempted(gloo4, capsys):
+    assert check.inter_node_bytes(_stub, solution.hierarchical_all_reduce, pool=gloo4) is None
+    out, err = capsys.readouterr()
+    assert "✓" not in out and "not attempted: my_inter_node_bytes" in err and "no points" in err
+
+
+def test_prediction_wrong_but_plausible_is_rejected(gloo4):
+    def whole_tensor(size_bytes, local, nodes):              # plausible: the flat all-reduce's share
+        return size_bytes
+    with pytest.raises(ExerciseError, match="predicted 1,048,576.*sends 524,288.*HINT: that is what crosses when "
+                                            "the whole tensor"):
+        check.inter_node_bytes(whole_tensor, solution.hierarchical_all_reduce, pool=gloo4)
+
+    def forgets_the_shard(size_bytes, local, nodes):         # the ring's factor among the nodes, on all of S
+        return 2 * (nodes - 1) / nodes * size_bytes
+    with pytest.raises(ExerciseError, match="HINT: that is what crosses when the whole tensor"):
+        check.inter_node_bytes(forgets_the_shard, None, pool=gloo4)
+
+    def right_for_two_nodes_only(size_bytes, local, nodes):  # S / L: the 2-node case, by luck
+        return size_bytes / local
+    with pytest.raises(ExerciseError, match="on 3 nodes x 4 you predicted.*HINT: only this rank's 1/local shard"):
+        check.inter_node_bytes(right_for_two_nodes_only, None, pool=gloo4)
+
+    with pytest.raises(ExerciseError, match="not a number of bytes"):
+        check.inter_node_bytes(lambda s, l, n: "half", None, pool=gloo4)
 
 
 # ------------------------------------------------------------------ exercise 3: the mesh's group choice
-def test_sync_reference_and_stub(gloo4, capsys):
+def test_sync_reference_passes(gloo4, capsys):
     assert check.sync_grads(solution.sync_grads, nb.TensorParallelMLP, pool=gloo4) is solution.sync_grads
-    assert check.sync_grads(_stub, nb.TensorParallelMLP, pool=gloo4) is solution.sync_grads
-    out = capsys.readouterr().out
-    assert out.count("✓ 2-D mesh") == 2 and "not attempted" in out
+    assert "✓ 2-D mesh" in capsys.readouterr().out
+
+
+def test_sync_not_attempted_says_so_and_its_stand_in_trains_like_one_device(gloo4, capsys):
+    fn = check.sync_grads(_stub, nb.TensorParallelMLP, pool=gloo4)
+    assert fn is check.torch_average_gradients and labutils.checks.is_standin(fn)
+    out, err = capsys.readouterr()
+    assert "✓" not in out and "not attempted: my_sync_grads" in err and "average_parameters" in err
+    reports = gloo4.run(verify.mesh_training, nb.TensorParallelMLP, fn)
+    assert all(all(r["equal"].values()) for r in reports)
 
 
 def test_sync_over_the_tensor_parallel_group_is_rejected(gloo4):

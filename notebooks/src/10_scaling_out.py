@@ -224,7 +224,7 @@ display(pd.DataFrame({
     "per-link model: ring faster than direct above": [size_or_never(None if R2 is None else model.crossover_bytes(
         "ring", "direct", n, R2.alpha_us / 2, R2.beta_gbps)) for n in NS]},
     index=pd.Index(NS, name="n")))
-claims.show(CLAIMS["10_cost_vs_n"](C))
+claims.show(claims.judge(CLAIMS, COST))
 
 # %% [markdown]
 # **Reading it.** The first two verdicts are the algorithms' correctness and the ledger's agreement with the
@@ -422,24 +422,36 @@ if NCCL is not None:
 # right `group=`. The checker runs it on 4 gloo ranks as 2 "nodes" of 2 and checks the sum and, with the
 # ledger, the bytes each rank sends on each tier.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "hierarchical_all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_hierarchical_all_reduce(tensor, node_group, cross_group):
-    raise NotImplementedError  # ✍ your code here
+    # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab10 as solution  # the instructor's edition: the reference answer
+    solution.hierarchical_all_reduce(tensor, node_group, cross_group)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_hierarchical_all_reduce", "locked": true, "points": 4, "schema_version": 3, "solution": false}
 hierarchical_all_reduce = check.hierarchical_all_reduce(my_hierarchical_all_reduce, pool=GLOO)
 
 # %% [markdown]
 # ### Exercise 2 — predict the bytes across the boundary
-# For an all-reduce of S = 1 MiB on 2 nodes of 2 ranks, how many bytes does one rank send across nodes with
-# the hierarchical algorithm? The checker counts them with the ledger on 4 gloo ranks.
+# Write `my_inter_node_bytes(size_bytes, local, nodes)`: how many bytes does one rank send across nodes in
+# the hierarchical all-reduce of `size_bytes` on `nodes` nodes of `local` ranks? The checker compares it with
+# the ring model on a few shapes and, if your all-reduce passed exercise 1, with what the ledger counts it
+# sending across the 2 "nodes" of 4 gloo ranks for 1 MiB.
 
-# %%
-my_prediction_inter_node_bytes = None  # ✍ your number, in bytes
+# %% nbgrader={"grade": false, "grade_id": "inter_node_bytes", "locked": false, "schema_version": 3, "solution": true}
+def my_inter_node_bytes(size_bytes, local, nodes):
+    # ✍ your code here: bytes, per rank, across the node boundary
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab10 as solution  # the instructor's edition: the reference answer
+    return solution.inter_node_bytes(size_bytes, local, nodes)
+    ### END SOLUTION
 
-# %%
-check.inter_node_bytes(my_prediction_inter_node_bytes, 2**20, pool=GLOO)
+
+# %% nbgrader={"grade": true, "grade_id": "check_inter_node_bytes", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+check.inter_node_bytes(my_inter_node_bytes, hierarchical_all_reduce, pool=GLOO)
 
 # %% [markdown]
 # ## 4 · A 2-D mesh: tensor parallelism inside, data parallelism across
@@ -534,20 +546,25 @@ class TensorParallelMLP(nn.Module):
 # tensor-parallel MLP for two steps on 4 gloo ranks, compares every shard with one-device training
 # (`assert_close`), and reads from the ledger which group each of your collectives ran on and what it sent.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "sync_grads", "locked": false, "schema_version": 3, "solution": true}
 def my_sync_grads(model, mesh):
-    raise NotImplementedError  # ✍ your code here
+    # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab10 as solution  # the instructor's edition: the reference answer
+    solution.sync_grads(model, mesh)
+    ### END SOLUTION
 
 
-# %%
+# %% nbgrader={"grade": true, "grade_id": "check_sync_grads", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 sync_grads = check.sync_grads(my_sync_grads, TensorParallelMLP, pool=GLOO)
 
 # %% [markdown]
-# With the sync you wrote (or the reference), on the lab's 4 gloo ranks: every shard against one device, and
-# per step what the ledger saw on each group of rank 0:
+# With the sync you wrote (or, while it is not attempted, the stand-in the checker named), on the lab's 4
+# gloo ranks: every shard against one device, and per step what the ledger saw on each group of rank 0:
 
 # %%
 MESH = GLOO.run(verify.mesh_training, TensorParallelMLP, sync_grads)
+print("the gradient sync:", sync_grads.labutils_standin if labutils.checks.is_standin(sync_grads) else "yours")
 print("every shard equals one-device training on every rank:", all(all(r["equal"].values()) for r in MESH))
 pd.DataFrame(MESH[0]["groups"]).astype({"wire_bytes": int})
 
@@ -563,7 +580,7 @@ else:
 # The "tp" row is *g*'s all-reduce of the activations (tokens × hidden) in forward. *f*'s all-reduce in
 # backward is missing: it computes the gradient of the MLP's input, and the input here is data, which needs
 # none, so autograd never calls it — in a stack of layers every layer but the first pays it. The sync puts
-# one all-reduce per parameter on "dp", of the *shard* this rank holds, since the tp ranks hold different ones.
+# its all-reduces on "dp" only, of the *shards* this rank holds, since the tp ranks hold different ones.
 # The activations' all-reduces grow with the batch and block the next layer; the gradients' grow with the
 # model and can wait for the end of backward (and overlap with it, lab 08). Which one a link can hide decides
 # which dimension goes on which link.
@@ -603,7 +620,7 @@ display(pd.DataFrame({
 for f in (published.H100_8GPU_RING_BUSBW, published.H100_8GPU_NVLS_BUSBW, published.NVLINK4_LINE_RATE,
           published.IB_NDR_PER_NIC):
     print(f"published, not measured here: {f.value:g} {f.unit} — {f.what}; {f.settings}. Source: {f.source}")
-claims.show(CLAIMS["06_bench_sweep"](BENCH.data))
+claims.show(claims.judge(CLAIMS, BENCH))
 
 # %% [markdown]
 # **Reading it.** The first verdict asks whether a 2-GPU fit and the ring's bus factor carry to 8 GPUs, against
@@ -647,13 +664,13 @@ display(pd.DataFrame({"compute (ms)": ROOF.data["compute_ms"], "all-reduce (ms)"
                       "modelled compute (ms)": [c for c, _ in R["modelled_ms"]],
                       "modelled all-reduce (ms)": [m for _, m in R["modelled_ms"]]},
                      index=pd.Index(ROOF_HIDDENS, name="hidden")).round(3))
-claims.show(CLAIMS["10_roofline"](ROOF.data))
+claims.show(claims.judge(CLAIMS, ROOF))
 
 # %% [markdown]
 # ## 6 · Summary
 
 # %% tags=["nbval-ignore-output"]
-claims.table(CLAIMS["10_cost_vs_n"](C) + CLAIMS["06_bench_sweep"](BENCH.data) + CLAIMS["10_roofline"](ROOF.data))
+claims.table(claims.judge(CLAIMS, COST, BENCH, ROOF))
 
 # %% [markdown]
 # * A ring all-reduce sends 2(n − 1)/n · S per rank — under 2S for any n — in 2(n − 1) rounds; a tree needs
