@@ -729,7 +729,7 @@ fig
 # **The race.** `copy_then_overwrite` is a training loop's pattern in two lines: save step 1's result to the host
 # on a side stream (a checkpoint, an offloaded activation), then let step 2 overwrite the buffer on the current
 # stream. Without `main.wait_stream(side)` nothing orders the overwrite after the copy: whichever the GPU runs
-# first wins. To make the outcome reproducible, `delay` keeps the side stream busy for 20 ms first (a
+# first wins. To make the outcome reproducible, `delay` keeps the side stream busy for 20 ms first (a <!-- not measured: a setting of the demo, not a result -->
 # `torch.cuda._sleep` kernel, standing in for whatever the side stream was still doing); without the delay the
 # same race is a matter of timing, and its outcome may differ from run to run. `x.record_stream(side)` is a
 # different guarantee: it keeps `x`'s *memory* from being reused while `side` still uses it — never its

@@ -93,6 +93,8 @@ def tiny_all_reduce(rank, world_size):
 TINY_CELL = "t = torch.ones(1, device=device)\ndist.all_reduce(t)\n"
 
 here = measure.roundtrip(pool, tiny_all_reduce, TINY_CELL)
+# measured on every machine (gloo ranks without GPUs); kept, like any measurement, with LABUTILS_RECORD=1
+here_m = recorded.live_or_recorded("07_roundtrip_here", lambda: here, gpus_needed=0)
 try:  # on 2 GPUs this is the measurement above (and the recording, with LABUTILS_RECORD=1)
     ref = recorded.live_or_recorded("07_roundtrip", lambda: here, gpus_needed=2)
 except FileNotFoundError:
@@ -100,14 +102,14 @@ except FileNotFoundError:
     print("(no 2×H200 recording of this measurement yet: showing this machine only)")
 
 sources = {"this machine": here}
-where = {"this machine": recorded.live_source()}
+where = {"this machine": here_m.source}
 if ref is not None and not ref.live:
     sources[ref.label], where[ref.label] = ref.data, ref.source
 for name, data in sources.items():
     print(f"{name}:")
     claims.show(lab_claims.roundtrip_verdicts(data), where[name])
 ROUNDTRIP = claims.sourced(lab_claims.roundtrip_verdicts(ref.data if ref is not None else here),
-                           ref if ref is not None else recorded.live_source())
+                           ref if ref is not None else here_m)
 measure.table(sources)
 
 # %% tags=["nbval-ignore-output"]
