@@ -102,3 +102,34 @@ def test_time_checks_can_fail():
     assert TIME_LINE.match("**Time:** 45 min of study (two exercises)").group(1) == "45"
     assert NOT_YET_2XH200.search("not yet recorded on 2×H200, about 80 s on a 2-core CPU")
     assert NOT_YET_2XH200.search("about 30 s to run on 2×H200") is None
+
+
+# ---- INSTRUCTORS.md: the workshop plans' study and run times are the syllabus's and the recorded runs' ----
+PLAN_ROW = re.compile(r"^\| (half a day|a day|two days[^|]*) \| ([^|]+) \| (\d+) min \| ([^|]+) \|$", re.M)
+
+
+def _plan_labs(labs: str) -> list[str]:
+    """The labs a plan names: two-digit numbers and ranges like 00–05 (study minutes in parentheses aside)."""
+    out = []
+    for a, b in re.findall(r"\b(\d\d)(?:–(\d\d))?\b", re.sub(r"\([^)]*\)", "", labs)):
+        out += [f"{i:02d}" for i in range(int(a), int(b or a) + 1)]
+    return sorted(set(out))
+
+
+def test_instructors_plans_agree_with_the_syllabus_and_the_recorded_runs():
+    rows = PLAN_ROW.findall((ROOT / "INSTRUCTORS.md").read_text())
+    assert len(rows) >= 3, "INSTRUCTORS.md lost its plans table"
+    study, gpu, cpu = _readme_study_minutes(), _recorded_seconds(), _recorded_seconds("course_cpu*.txt", "cpu")
+    for name, labs, minutes, run in rows:
+        numbers = _plan_labs(labs)
+        assert int(minutes) == sum(study[n] for n in numbers), f"plan {name!r}: {minutes} min of study"
+        gpu_text, cpu_text = (part.strip() for part in run.split("/"))
+        if any(n not in gpu for n in numbers):
+            assert NOT_YET_2XH200.search(gpu_text), f"plan {name!r}: a lab of it has no 2×H200 run: say so"
+        else:
+            assert abs(float(gpu_text.split()[0]) - sum(gpu[n] for n in numbers)) <= 1, f"plan {name!r}: {gpu_text}"
+        assert abs(float(cpu_text.split()[0]) - sum(cpu[n] for n in numbers)) <= 1, f"plan {name!r}: {cpu_text}"
+
+
+def test_plan_labs_reads_ranges():
+    assert _plan_labs("day one: 00–02 as above; day two: 06 capstone (50)") == ["00", "01", "02", "06"]

@@ -9,7 +9,7 @@
 #
 # **GPUs needed for the live path:** 2 (GPU→GPU); 1 GPU runs the host↔GPU part live; CPU-only runs everything
 # else and shows the GPU numbers recorded on 2×H200.
-# **Time:** 30 min of study (one exercise, two predictions); about 20 s to run on 2×H200, about 15 s on a 2-core CPU.
+# **Time:** 30 min of study (one exercise, two predictions); about 20 s to run on 2×H200, about 8 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup

@@ -16,7 +16,7 @@
 # With 1 GPU the single-device parts run live (the "optimised" program's CUDA trace among them); on a
 # CPU-only machine every GPU result is the recording made by this notebook's own code, labelled
 # **RECORDED** with the machine that made it.
-# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 8 s on a 2-core CPU.
+# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 4 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import math

@@ -16,7 +16,7 @@
 # measurement that needs more GPUs than the machine has is the one this notebook recorded, labelled so.
 #
 # **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
-# about 15 s on a 2-core CPU.
+# about 12 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup

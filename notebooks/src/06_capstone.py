@@ -18,7 +18,7 @@
 # the measurements that need more GPUs than the machine has are the ones recorded by this notebook's own code,
 # labelled **RECORDED**.
 #
-# **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 7 s on a
+# **Time:** 50 min of study (two exercises, six predictions); about 30 s to run on 2×H200, about 4 s on a
 # 2-core CPU.
 
 # %% [markdown]

@@ -12,7 +12,7 @@
 # **GPUs needed for the live path:** 2 (NCCL, one GPU per rank). Everything here also runs live on CPU
 # ranks (gloo); only the 2×H200 round-trip numbers are shown as a recording there.
 #
-# **Time:** 20 min of study (two exercises on the ranks); about 15 s to run on 2×H200, about 10 s on a
+# **Time:** 20 min of study (two exercises on the ranks); about 15 s to run on 2×H200, about 8 s on a
 # 2-core CPU.
 
 # %% [markdown]

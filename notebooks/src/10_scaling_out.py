@@ -22,7 +22,7 @@
 # yet, they say so and show nothing in its place.
 #
 # **Time:** 80 min of study (three exercises, one of them a prediction, and two more predictions); its run time
-# is not yet recorded on 2×H200; about 70 s on a 2-core CPU.
+# is not yet recorded on 2×H200; about 30 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import os
