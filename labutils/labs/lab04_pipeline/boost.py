@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ... import hw, timing
 from .measure import BENCH
 from .model import make_batch, make_blocks
+from .naive import timed_steps
 
 PERIOD_S = 0.005      # one NVML reading every 5 ms while the GPU computes
 
@@ -124,26 +125,6 @@ def summary(samples: list[dict]) -> dict | None:
     return {**out, "samples": len(samples), "reason_share": share}
 
 
-def timed_steps(run, clock: timing.Clock, probe, warmup: int, repeat: int, rest_s: float = 0.0):
-    """Time ``run()`` ``repeat`` times after ``warmup`` untimed calls, each from an idle device; with
-    ``rest_s`` the device rests that long before each call. Returns (samples in ms, NVML readings taken
-    while the timed calls ran)."""
-    timing.check_counts(warmup=warmup, repeat=repeat)
-    pairs, readings = [], []
-    for i in range(warmup + repeat):
-        clock.synchronize()
-        if rest_s:
-            time.sleep(rest_s)
-        start = clock.mark()
-        run()
-        end = clock.mark()
-        if i >= warmup:
-            pairs.append((start, end))
-            readings += while_running(end, probe)
-    clock.synchronize()
-    return [clock.elapsed_ms(a, b) for a, b in pairs], readings
-
-
 def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
     """Part 1's one-GPU training step (``BENCH``'s model, forward + backward) back to back, then with the
     GPU resting one step's time before each step -- the duty of each GPU of the split -- with NVML read
@@ -163,9 +144,12 @@ def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
         F.mse_loss(full(x), y).backward()
     clock = timing.Clock(dev)
     with nvml_probe(dev) if dev.type == "cuda" else contextlib.nullcontext() as probe:
-        back_to_back, b2b = timed_steps(step, clock, probe, cfg["warmup"], cfg["repeat"])
+        def read(end):  # NVML's clock, power and clock-event reasons while the timed call runs
+            return while_running(end, probe)
+
+        back_to_back, b2b = timed_steps(step, clock, cfg["warmup"], cfg["repeat"], read=read)
         rest_s = statistics.median(back_to_back) / 1e3
-        rested, rested_readings = timed_steps(step, clock, probe, 1, cfg["repeat"], rest_s=rest_s)
+        rested, rested_readings = timed_steps(step, clock, 1, cfg["repeat"], rest_s=rest_s, read=read)
         limit = probe.power_limit_w() if probe is not None else None
     del full, x, y
     if dev.type == "cuda":

@@ -48,10 +48,13 @@ def naive_step(stages, devices, x, target, loss_fn, timer: timing.SpanTimer | No
     return outs[-1].detach()
 
 
-def _steps(run, clock: timing.Clock, warmup: int, repeat: int, rest_s: float = 0.0) -> tuple[list, list]:
+def timed_steps(run, clock: timing.Clock, warmup: int, repeat: int, rest_s: float = 0.0,
+                read=None) -> tuple[list, list]:
     """Time ``run()`` ``repeat`` times after ``warmup`` untimed calls, each from an idle device; with
-    ``rest_s``, the device rests that long before each call. Returns the samples (ms) and the GPU's
-    clock/power readings taken while the timed calls ran (``gpu_clock``; [] where NVML is missing)."""
+    ``rest_s``, the device rests that long before each call. Returns the samples (ms) and the readings
+    ``read(end)`` took while each timed call ran (default: the GPU's clock and power, ``gpu_clock``; []
+    where NVML is missing)."""
+    read = read or (lambda end: gpu_clock.while_running(end, clock.device))
     timing.check_counts(warmup=warmup, repeat=repeat)
     pairs, readings = [], []
     for i in range(warmup + repeat):
@@ -63,7 +66,7 @@ def _steps(run, clock: timing.Clock, warmup: int, repeat: int, rest_s: float = 0
         end = clock.mark()
         if i >= warmup:
             pairs.append((start, end))
-            readings += gpu_clock.while_running(end, clock.device)
+            readings += read(end)
     clock.synchronize()
     return [clock.elapsed_ms(a, b) for a, b in pairs], readings
 
@@ -91,9 +94,9 @@ def measure_one_process(cfg=None, devices=("cuda:0", "cuda:1")) -> dict:
     def one_gpu():
         F.mse_loss(full(x), y).backward()
     clock = timing.Clock(devs[0])
-    back_to_back, b2b_readings = _steps(one_gpu, clock, W, R)
+    back_to_back, b2b_readings = timed_steps(one_gpu, clock, W, R)
     rest_s = statistics.median(back_to_back) / 1e3
-    rested, rested_readings = _steps(one_gpu, clock, 1, R, rest_s=rest_s)
+    rested, rested_readings = timed_steps(one_gpu, clock, 1, R, rest_s=rest_s)
     full.zero_grad(set_to_none=True)
     stages = [nn.Sequential(*blocks[a:b]).to(devs[s]) for s, (a, b) in enumerate(partition(L, len(devs)))]
     timer, samples = timing.SpanTimer(), []
