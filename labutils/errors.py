@@ -52,13 +52,15 @@ class RankError(RuntimeError):
         exit_code: the rank's exit status if it died without reporting (negative = signal).
         finished: ranks that had returned their result before the failure.
         detail: for a rank that died, its last words (e.g. the C++ ``what():`` line), else ''.
+        exc_types: ``{rank: exception class name}`` of every rank that raised (a pool task's), else {}.
     """
 
     def __init__(self, rank: int, *, exc_type: str = "", remote_message: str = "",
                  traceback: str = "", exit_code: int | None = None, ranks: list[int] | None = None,
                  hint: str = "", finished: list[int] | None = None, detail: str = "",
-                 others: list[int] | None = None):
+                 others: list[int] | None = None, exc_types: dict[int, str] | None = None):
         self.rank = rank
+        self.exc_types = dict(exc_types or {})
         self.ranks = sorted(ranks) if ranks else [rank]
         self.exc_type = exc_type
         self.remote_message = remote_message

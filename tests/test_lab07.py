@@ -103,3 +103,62 @@ def test_checkers_not_attempted_right_and_wrong(pool, capsys):
     pool.exec("squares = [torch.tensor([r * r]) for r in range(world_size)]")  # tensors are fine
     check.squares(pool)
     assert "✓ squares = [0, 1]" in capsys.readouterr().out
+
+
+def _exercise_cells() -> dict:
+    """The notebook's two exercise cells, ``{grade_id: (instructor's text, student's text)}``; the student's
+    is what nbgrader's own ClearSolutions makes of it (with the course's stub)."""
+    import jupytext
+    import nbformat
+    ClearSolutions = pytest.importorskip("nbgrader.preprocessors").ClearSolutions
+    src = Path(__file__).resolve().parent.parent / "notebooks" / "src" / "07_interactive_ranks.py"
+    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in jupytext.read(src).cells
+             if c.metadata.get("nbgrader", {}).get("solution")}
+    student = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells.values()])
+    clear = ClearSolutions(code_stub={"python": "# ✍ YOUR CODE HERE\nraise NotImplementedError()"})
+    student, _ = clear.preprocess(student, {})
+    return {gid: (c.source, s.source) for (gid, c), s in zip(cells.items(), student.cells)}
+
+
+@pytest.fixture()
+def shell(pool):
+    """An IPython shell whose %%ranks drives the module's pool (left running at the end)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+    ip = get_ipython() or start_ipython()
+    ip.run_line_magic("load_ext", "labutils")
+    ip.user_ns["pool"] = pool
+    ip.run_line_magic("ranks", "use pool")
+    yield ip
+    ip.magics_manager.registry["RanksMagics"].pool = None  # unloading must not close the module's pool
+    ip.run_line_magic("unload_ext", "labutils")
+
+
+def _run(ip, cell: str) -> None:
+    magic, _, body = cell.partition("\n")
+    assert magic.startswith("%%ranks")
+    ip.run_cell_magic("ranks", magic[len("%%ranks"):].strip(), body)
+
+
+def test_exercise_cells_in_their_three_states(shell, capsys):
+    """The notebook's own cells: the student's stub (nbgrader's) runs on, "not attempted" from the cell and
+    the checker; the instructor's answer passes; a wrong answer in the cell fails with the checker's HINT."""
+    cells = _exercise_cells()
+    assert set(cells) == {"mean_rank", "squares"}
+    for gid, (instructor, student) in cells.items():
+        assert "### BEGIN SOLUTION" in instructor and "dist." in instructor
+        assert "raise NotImplementedError()" in student and "dist." not in student
+        _run(shell, student)  # does not raise
+        getattr(check, gid)(shell.user_ns["pool"])
+        out, err = capsys.readouterr()
+        assert "not attempted: this cell raises NotImplementedError on every rank" in err
+        assert f"… not attempted: {gid} is still None on every rank" in err and "✓" not in out
+        _run(shell, instructor)
+        getattr(check, gid)(shell.user_ns["pool"])
+        assert f"✓ {gid} = " in capsys.readouterr().out
+    _run(shell, cells["mean_rank"][0].replace("t.item() / world_size", "t.item()"))  # forgot to divide
+    with pytest.raises(ExerciseError, match="HINT: that is the sum"):
+        check.mean_rank(shell.user_ns["pool"])
+    _run(shell, cells["squares"][0].replace("dist.all_gather(parts, mine)", "parts[rank] = mine"))
+    with pytest.raises(ExerciseError, match=r"squares on the ranks is \[\[0, 0\], \[0, 1\]\]"):
+        check.squares(shell.user_ns["pool"])

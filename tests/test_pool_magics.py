@@ -54,6 +54,28 @@ def test_error_in_a_cell_is_reported_and_the_pool_stays(ip, capsys):
     assert _magics(ip).pool.status().pids == pids
 
 
+def test_a_stub_on_every_rank_is_not_attempted_and_the_notebook_goes_on(ip, capsys):
+    """nbgrader's stub (NotImplementedError) on every selected rank: one line on stderr, no error, the pool
+    kept; NotImplementedError on some ranks only, or another error on one, is raised as before."""
+    pids = _magics(ip).pool.status().pids
+    stub = "answer = None\n# ✍ YOUR CODE HERE\nraise NotImplementedError()"
+    ip.run_cell_magic("ranks", "--fetch answer", stub)
+    out, err = capsys.readouterr()
+    assert err == ("not attempted: this cell raises NotImplementedError on every rank (an exercise left as "
+                   "its stub); the notebook goes on.\n") and out == ""
+    assert "answer" not in ip.user_ns  # nothing fetched from a cell that did not finish
+    ip.run_cell_magic("ranks", "-r 1", "raise NotImplementedError()")  # every *selected* rank
+    assert "not attempted" in capsys.readouterr().err
+    with pytest.raises(RankError, match="rank 0 raised NotImplementedError"):
+        ip.run_cell_magic("ranks", "", "if rank == 0:\n    raise NotImplementedError()")
+    with pytest.raises(RankError, match=r"rank 0 raised NotImplementedError \(ranks \[1\] failed too\)") as e:
+        ip.run_cell_magic("ranks", "", "raise NotImplementedError() if rank == 0 else ValueError('wrong')")
+    assert e.value.exc_types == {0: "NotImplementedError", 1: "ValueError"}
+    assert "not attempted" not in capsys.readouterr().err
+    assert ip.run_line_magic("ranks", "fetch answer") == [None, None]
+    assert _magics(ip).pool.status().pids == pids
+
+
 def test_usage_errors(ip):
     for line in ("start two", "start 1 2", "frobnicate", "fetch", "push nothing_here", "use nothing"):
         with pytest.raises(UsageError):

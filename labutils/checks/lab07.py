@@ -2,7 +2,9 @@
 from every rank of the notebook's pool and prints ``✓ ...`` or raises ``ExerciseError`` with a HINT.
 
 A variable still ``None`` on every rank is "not attempted": the checker says so (no points) and the
-notebook keeps going; nothing later needs the variables.
+notebook keeps going; nothing later needs the variables. The student's cell sets it to ``None`` and then
+raises nbgrader's ``NotImplementedError`` stub on every rank, which ``%%ranks`` reports as "not attempted"
+rather than as an error.
 """
 from __future__ import annotations
 

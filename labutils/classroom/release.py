@@ -42,10 +42,15 @@ def assignment_name(stem: str) -> str:
 
 
 def _code_lines(text: str) -> list[str]:
-    """The stripped code lines of ``text``: no blank lines, comments, docstrings or trailing comments."""
-    lines, in_doc = [], False
+    """The stripped code lines of ``text``: no blank lines, comments, docstrings or trailing comments. A
+    string constant's lines (``NAME = \"\"\"...``: code held as text, as lab 07's ``%%ranks`` answers) count
+    as code."""
+    lines, in_doc, in_code = [], False, False
     for raw in text.splitlines():
         line = raw.strip()
+        if line.count('"""') == 1 and not in_doc and (in_code or re.match(r"^[A-Z][A-Z0-9_]* = [rf]?\"\"\"", line)):
+            in_code = not in_code
+            continue
         if line.count('"""') == 1:
             in_doc = not in_doc
             continue

@@ -180,4 +180,5 @@ class Task:
             state = "every other rank returned, so the pool keeps running with its state."
         hint = f"{info['hint']} {state}" if info.get("hint") else state
         return RankError(r, exc_type=info["exc_type"], remote_message=info["message"],
-                         traceback=info["traceback"], ranks=sorted(self.failures), hint=hint)
+                         traceback=info["traceback"], ranks=sorted(self.failures), hint=hint,
+                         exc_types={q: f.get("exc_type", "") for q, f in self.failures.items()})

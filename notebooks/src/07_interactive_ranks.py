@@ -203,15 +203,21 @@ x.sum().item()
 # %% [markdown]
 # ## 3 · Exercises
 #
-# Both are `%%ranks` cells; the checker below each fetches your variable from every rank. Left as `None`,
+# Both are `%%ranks` cells; the checker below each fetches your variable from every rank. Left as its stub
+# (`raise NotImplementedError()` on every rank), the cell says "not attempted", the variable stays `None`,
 # the checker says so (no points) and the notebook goes on.
 #
 # **Exercise 1.** Complete the cell so that every rank ends with `mean_rank`, a Python float holding the mean of
 # all ranks' `rank`, computed with one `dist.all_reduce` (use `device` for the tensor).
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "mean_rank", "locked": false, "schema_version": 3, "solution": true}
 %%ranks
 mean_rank = None  # ✍ your code: all_reduce a tensor holding this rank's `rank`, then divide
+### BEGIN SOLUTION
+t = torch.tensor([float(rank)], device=device)
+dist.all_reduce(t)
+mean_rank = t.item() / world_size
+### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "check_mean_rank", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.mean_rank(pool)
@@ -220,9 +226,15 @@ check.mean_rank(pool)
 # **Exercise 2.** Make `squares` a list, on every rank, of every rank's `rank ** 2` in rank order, with one
 # `dist.all_gather`.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "squares", "locked": false, "schema_version": 3, "solution": true}
 %%ranks
 squares = None  # ✍ your code: all_gather a one-element tensor holding rank ** 2
+### BEGIN SOLUTION
+mine = torch.tensor([rank ** 2], device=device)
+parts = [torch.zeros_like(mine) for _ in range(world_size)]
+dist.all_gather(parts, mine)
+squares = [int(p.item()) for p in parts]
+### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "check_squares", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 check.squares(pool)
