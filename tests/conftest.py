@@ -35,16 +35,6 @@ def _cmdline(proc) -> str:
         return f"pid {proc.pid}"
 
 
-def gpu_count() -> int:
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def needs_gpus(n: int):
-    """``@needs_gpus(2)``: skip unless this machine has at least n CUDA GPUs."""
-    return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPU(s), found {gpu_count()}")
-
-
 @pytest.fixture(scope="module")
 def gloo2():
     """Two gloo ranks kept for the whole test module."""

@@ -21,7 +21,7 @@ from labutils import bandwidth
 from labutils.bench import graph, ops, sweep
 from labutils.bench.config import BenchConfig
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 
 pytestmark = pytest.mark.gpu
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need not import this module

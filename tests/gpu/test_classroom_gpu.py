@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 
 pytestmark = pytest.mark.gpu
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import labutils
 from labutils import LaunchConfigError, RankError, RankTimeout, debugging
-from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import gpu_count, needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from faults_helpers import Stopwatch, healthy  # noqa: F401 - fixture
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get these functions by value

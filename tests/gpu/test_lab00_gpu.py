@@ -13,7 +13,7 @@ from labutils import hw
 from labutils.labs.lab00_setup import claims as lab_claims
 from labutils.labs.lab00_setup import measure
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 
 pytestmark = pytest.mark.gpu
 SIZES = [2**k for k in range(12, 27, 2)]   # 4 KiB ... 64 MiB: enough for a fit, quick

@@ -16,7 +16,7 @@ from labutils.labs.lab01_cuda_comm import claims as lab_claims
 from labutils.checks import lab01 as check
 from labutils.solutions import lab01 as solutions
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 
 pytestmark = pytest.mark.gpu
 

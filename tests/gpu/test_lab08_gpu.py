@@ -16,7 +16,7 @@ from labutils.labs.lab08_data_parallel import measure, overlap, steps, trace, ve
 from labutils.labs.lab08_data_parallel import model as M
 from labutils.solutions import lab08 as S
 
-from conftest import gpu_count, needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import gpu_count, needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's

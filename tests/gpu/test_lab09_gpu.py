@@ -19,7 +19,7 @@ from labutils.instruments import compare
 from labutils.labs.lab09_all_to_all import measure, verify
 from labutils.solutions import lab09 as solution
 
-from conftest import gpu_count, needs_gpus
+from gpus import gpu_count, needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file

@@ -15,7 +15,7 @@ import labutils
 from labutils import debugging
 from labutils.labs.lab10_scaling_out import measure, tuning
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 pytestmark = pytest.mark.gpu

@@ -19,7 +19,7 @@ import labutils
 from labutils.checks import lab03 as check
 from labutils.labs.lab03_async_p2p import exchange, measure, overlap, repro, wait
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import ROOT, cell_magic_body
 import test_p2p  # the gloo tests' rank functions and the notebook's fixes, reused here on NCCL
 

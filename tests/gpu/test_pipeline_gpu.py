@@ -20,7 +20,7 @@ from labutils.labs.lab04_pipeline import analysis, measure, model, naive, pipeli
 from labutils.labs.lab04_pipeline.claims import CLAIMS
 from labutils.solutions import lab04 as solution
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 nb = load_definitions("04_pipeline")

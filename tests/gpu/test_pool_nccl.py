@@ -17,7 +17,7 @@ import torch
 from labutils import RankError, RankPool, RankTimeout
 from labutils.pool import RanksInterrupted
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need not import this module

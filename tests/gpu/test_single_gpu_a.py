@@ -21,7 +21,7 @@ from labutils.labs.lab04_pipeline import claims as C04
 from labutils.labs.lab08_data_parallel import claims as C08
 from labutils.labs.lab08_data_parallel import memory, one_gpu as lab08
 
-from conftest import needs_gpus  # tests/conftest.py (pytest puts tests/ on sys.path)
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 pytestmark = [pytest.mark.gpu, needs_gpus(1)]

@@ -21,7 +21,7 @@ from labutils.labs.lab06_capstone.claims import CLAIMS as CLAIMS_06
 from labutils.labs.lab09_all_to_all.claims import CLAIMS as CLAIMS_09
 from labutils.solutions import lab09 as solution09
 
-from conftest import needs_gpus
+from gpus import needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file

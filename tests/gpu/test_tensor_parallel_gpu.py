@@ -21,7 +21,7 @@ import labutils
 from labutils.instruments import compare
 from labutils.labs.lab02_tensor_parallel import paths, script, steps, verify
 
-from conftest import gpu_count, needs_gpus
+from gpus import gpu_count, needs_gpus  # tests/gpus.py (pytest puts tests/ on sys.path)
 from notebook_defs import ROOT, load_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
