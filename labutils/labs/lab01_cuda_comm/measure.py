@@ -221,11 +221,11 @@ def redundant(setup: CommSetup, sizes_bytes=(64 << 10, 64 << 20)) -> dict:
 
 
 def profile_kernels(fn: Callable[[], object], setup: CommSetup, *, trace_path=None,
-                    table_rows: int = 0) -> dict:
+                    table_rows: int = 0, keep_trace: bool = False) -> dict:
     """Run ``fn`` once (warm-up: NCCL communicators, allocator), then once under
     ``torch.profiler`` (activities CPU + CUDA). Returns ``{"kernels": device_kernels(...)}``,
-    plus ``"table"`` (``key_averages().table``) if ``table_rows`` and writes a Chrome/Perfetto
-    trace to ``trace_path`` if given."""
+    plus ``"table"`` (``key_averages().table``) if ``table_rows``, the trace itself as ``"trace"`` if
+    ``keep_trace``, and writes a Chrome/Perfetto trace to ``trace_path`` if given."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     setup.synchronize()
@@ -233,7 +233,10 @@ def profile_kernels(fn: Callable[[], object], setup: CommSetup, *, trace_path=No
     with profile(activities=activities) as prof:
         fn()
         setup.synchronize()
-    out = {"kernels": device_kernels(profiler.kernels(profiler.export(prof, trace_path), copies=True))}
+    trace = profiler.export(prof, trace_path)
+    out = {"kernels": device_kernels(profiler.kernels(trace, copies=True))}
+    if keep_trace:
+        out["trace"] = trace
     if table_rows:
         out["table"] = prof.key_averages().table(
             sort_by="cuda_time_total" if setup.on_gpu else "cpu_time_total", row_limit=table_rows)

@@ -17,9 +17,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from ...instruments import profiler
-from .analysis import device_kernels
 from .devices import CommSetup
+from .measure import profile_kernels
 
 MAX_EVENTS = 3000
 KEPT_CATEGORIES = {"cpu_op", "user_annotation", "gpu_user_annotation", "cuda_runtime", "cuda_driver", "kernel",
@@ -45,16 +44,9 @@ def profile_program(fn: Callable[[], object], setup: CommSetup, *, trace_path=No
         ``{"kernels": device_kernels rows, "devices": [indices of the GPUs that ran anything],
         "trace": small_trace(...)}`` (JSON-able); also writes the full trace to ``trace_path`` if given.
     """
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    setup.synchronize()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.on_gpu else [])
-    with profile(activities=activities) as prof:
-        fn()
-        setup.synchronize()
-    trace = profiler.export(prof, trace_path)
-    kernels = device_kernels(profiler.kernels(trace, copies=True))
-    return {"kernels": kernels, "devices": sorted({k["device"] for k in kernels}), "trace": small_trace(trace)}
+    out = profile_kernels(fn, setup, trace_path=trace_path, keep_trace=True)
+    kernels = out["kernels"]
+    return {"kernels": kernels, "devices": sorted({k["device"] for k in kernels}), "trace": small_trace(out["trace"])}
 
 
 def labelled_trace(trace: dict, source: str) -> dict:
