@@ -5,6 +5,7 @@ Run: pytest tests/test_pool_magics.py -q   (two pool starts; ~15 s on 2 cores)
 import psutil
 import pytest
 from IPython.core.error import UsageError
+from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 
 from labutils import RankError, RankPool
@@ -13,7 +14,7 @@ from labutils.pool.magics import parse_ranks
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    shell = get_ipython() or start_ipython()  # start_ipython() gives None once a test module started it
     shell.run_line_magic("load_ext", "labutils")
     yield shell
     shell.run_line_magic("unload_ext", "labutils")
