@@ -49,17 +49,6 @@ def wait_semantics_gloo(rank: int, world_size: int, delay_s: float = 0.3) -> dic
     return out
 
 
-def _sleep_cycles_per_ms() -> float:
-    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this GPU (measured, not assumed)."""
-    clock = timing.Clock("cuda")
-    compat.cuda_sleep(1000)
-    a = clock.mark()
-    compat.cuda_sleep(20_000_000)
-    b = clock.mark()
-    clock.synchronize()
-    return 20_000_000 / clock.elapsed_ms(a, b)
-
-
 def wait_semantics_nccl(rank: int, world_size: int, delay_ms: float = 100.0,
                         race_numel: int = 16 << 20) -> dict:
     """Ranks 0 -> 1 under NCCL; the sender's data is ready only after a ``delay_ms`` GPU sleep.
@@ -73,7 +62,7 @@ def wait_semantics_nccl(rank: int, world_size: int, delay_ms: float = 100.0,
     wrote after ``isend`` returned, with the receiver posting its irecv ``delay_ms`` late).
     """
     dev, out = rank_device(), {}
-    cycles = int(_sleep_cycles_per_ms() * delay_ms)
+    cycles = int(timing.sleep_cycles_per_ms() * delay_ms)
     dist.barrier()
     if rank == 0:
         x = torch.zeros(1 << 20, device=dev)
