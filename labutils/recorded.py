@@ -154,3 +154,19 @@ def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int
           f"Showing results recorded by this lab's own code on {m.fingerprint} "
           f"({m.recorded_at[:10]}). They are not measurements of your machine.")
     return m
+
+
+def live_or_none(name: str, measure: Callable[[], dict], *, gpus_needed: int, shows: str,
+                 n_gpus: int | None = None) -> Measurement | None:
+    """``live_or_recorded(name, measure, gpus_needed=...)``, or None -- after saying so plainly -- where
+    this machine lacks the GPUs and no recording of ``name`` exists yet. ``shows`` says what a run with
+    enough GPUs will show; nothing is put in place of the missing numbers."""
+    from .config import gpu_count
+    n_gpus = gpu_count() if n_gpus is None else n_gpus
+    try:
+        return live_or_recorded(name, measure, gpus_needed=gpus_needed, n_gpus=n_gpus)
+    except FileNotFoundError:
+        print(f"NO RECORDING YET: this machine has {n_gpus} GPU(s), this measurement needs {gpus_needed}, "
+              f"and no run on {gpus_needed} GPUs has been recorded for it yet ({name!r}). Nothing is shown "
+              f"in its place.\nA run on {gpus_needed} GPUs will show: {shows}")
+        return None

@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 import labutils
-from labutils import compat
+from labutils import compat, recorded
 from labutils.checks import ExerciseError
 from labutils.checks import lab10 as check
 from labutils.labs.lab10_scaling_out import measure, model, tuning, verify
@@ -328,7 +328,7 @@ def test_the_8_gpu_prediction_comes_from_the_recorded_2_gpu_fit():
 
 def test_a_missing_recording_says_so_and_shows_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LABUTILS_RECORDED_DIR", str(tmp_path))
-    got = measure.live_or_none("10_nowhere", lambda: pytest.fail("measured without GPUs"), gpus_needed=99,
+    got = recorded.live_or_none("10_nowhere", lambda: pytest.fail("measured without GPUs"), gpus_needed=99,
                                shows="something")
     out = capsys.readouterr().out
     assert got is None and "NO RECORDING YET" in out and "Nothing is shown" in out and "something" in out

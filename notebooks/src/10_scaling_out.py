@@ -336,7 +336,7 @@ def measure_nccl_choices():
     return {"sizes": NCCL_SIZES, "runs": runs, "world_size": GPUS}
 
 
-NCCL = measure.live_or_none("10_nccl_choices", measure_nccl_choices, gpus_needed=2, shows=(
+NCCL = recorded.live_or_none("10_nccl_choices", measure_nccl_choices, gpus_needed=2, shows=(
     "NCCL's algorithm and protocol at every size from 16 B to 64 MiB, read from its tuning lines; busbw and "
     "latency of every forced Ring/Tree x LL/LL128/Simple setting side by side; and the same all-reduce "
     "through NCCL's socket transport on the loopback, against NVLink."))

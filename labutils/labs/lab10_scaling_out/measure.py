@@ -181,18 +181,3 @@ def _roofline_points(out, hiddens, tokens, n, group, device, warmup, repeat) -> 
                                            repeat=repeat, group=group)
         out["compute_ms"].append(compute.median_ms)
         out["comm_ms"].append(comm.median_ms)
-
-
-def live_or_none(name: str, measure, *, gpus_needed: int, shows: str):
-    """``recorded.live_or_recorded(name, measure, gpus_needed=...)``, or None -- after saying so plainly --
-    where this machine lacks the GPUs and no recording of ``name`` exists yet. ``shows`` says what a run with
-    enough GPUs will show; nothing is put in place of the missing numbers."""
-    from ... import recorded
-    from ...config import gpu_count
-    try:
-        return recorded.live_or_recorded(name, measure, gpus_needed=gpus_needed)
-    except FileNotFoundError:
-        print(f"NO RECORDING YET: this machine has {gpu_count()} GPU(s), this measurement needs {gpus_needed}, "
-              f"and no run on {gpus_needed} GPUs has been recorded for it yet ({name!r}). Nothing is shown "
-              f"in its place.\nA run on {gpus_needed} GPUs will show: {shows}")
-        return None
