@@ -154,6 +154,39 @@ def within(claim: str, value: float, expected: float, rel_tol: float, *, figure:
                    true if err <= rel_tol else false, source)
 
 
+def every(claim: str, points: Mapping[str, float], op: str, threshold: float, *, unit: str = "",
+          digits: int = 3, true: str = TRUE, false: str = FALSE, source: str | None = None) -> Verdict:
+    """Judge a claim on *every* measured point: ``true`` if each value of ``points`` (label -> value, e.g.
+    ``{"hidden 512": 1.39, "hidden 16384": 1.02}``) satisfies ``value <op> threshold``, else ``false``.
+
+    A claim stated without a size holds at every size the lab measured, so it is judged on all of them,
+    never on the one point where it cannot fail. The figure lists every point and names the worst one::
+
+        every("SP costs no more time than TP", {"512 tokens": 1.42, "8192 tokens": 0.98}, "<=", 1.05, unit="x")
+        # VERDICT  FALSE  SP costs ... | worst 1.42x at 512 tokens; all: 512 tokens 1.42x, 8192 tokens 0.98x
+        #   | rule: TRUE if every point <= 1.05
+
+    Raises:
+        ValueError: no points, an unknown operator, or a value that is not a finite number.
+    """
+    if not points:
+        raise ValueError(f"cannot judge {claim!r} on no measured points. HINT: pass label -> value for every "
+                         "point the lab measured for this claim.")
+    if op not in _OPS:
+        raise ValueError(f"unknown comparison {op!r}. HINT: one of {', '.join(_OPS)}.")
+    values = {str(k): float(v) for k, v in points.items()}
+    bad = [k for k, v in values.items() if v != v or v in (float("inf"), float("-inf"))]
+    if bad:
+        raise ValueError(f"cannot judge {claim!r}: the value at {', '.join(bad)} is not a finite number. "
+                         "HINT: the measurement behind it failed; look at the cell that made it.")
+    worst = min(values, key=values.get) if op in (">=", ">") else max(values, key=values.get)
+    fmt = lambda v: f"{v:.{digits}g}{unit}"  # noqa: E731
+    ok = all(_OPS[op](v, threshold) for v in values.values())
+    figure = (f"worst {fmt(values[worst])} at {worst}; all: "
+              + ", ".join(f"{k} {fmt(v)}" for k, v in values.items()))
+    return Verdict(claim, figure, f"{true} if every point {op} {threshold:g}", true if ok else false, source)
+
+
 def _required_source(v: Verdict) -> str:
     if not v.source:
         raise ValueError(
