@@ -9,6 +9,11 @@ the labs draw it as "NVLink peak"); ``link_data_peak_gbps`` is links x the datas
 link of the NVLink version NVML reports (25 GB/s for NVLink 2-4, 50 for NVLink 5), the ceiling a copy
 can approach. ``nvlinks`` says what the links end at (NVML): ``GPU`` (direct) or ``NVSwitch``.
 
+The ``NCCL_*`` environment variables that are set change what NCCL does on the same hardware
+(``NCCL_NVLS_ENABLE=0`` turns NVLink SHARP off on an NVSwitch board, ``NCCL_ALGO``/``NCCL_PROTO`` pin an
+algorithm or protocol), so a GPU machine's fingerprint ends with them (``nccl_env``, ``nccl_env_text``):
+``... | driver 580.159.04 | NCCL_NVLS_ENABLE=0``, or ``... | no NCCL_* set``.
+
 Modes (what the labs do with them):
 
 * ``"multi-gpu"``: >= 2 CUDA GPUs: NCCL, live measurements;
@@ -18,8 +23,10 @@ Modes (what the labs do with them):
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -32,6 +39,29 @@ def detect_mode(n_gpus: int | None = None) -> str:
         from .config import gpu_count
         n_gpus = gpu_count()
     return "multi-gpu" if n_gpus >= 2 else ("single-gpu" if n_gpus == 1 else "cpu")
+
+
+NCCL_PREFIX = "NCCL_"
+NO_NCCL_ENV = f"no {NCCL_PREFIX}* set"
+NCCL_ENV_NOT_RECORDED = f"{NCCL_PREFIX}* variables not recorded"
+
+
+def nccl_env(environ=None) -> dict[str, str]:
+    """The ``NCCL_*`` variables set in ``environ`` (default: this process's environment), sorted by name."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if k.startswith(NCCL_PREFIX)}
+
+
+def nccl_env_text(env: dict | None) -> str:
+    """One stable line for a fingerprint: ``"NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0"`` (sorted, each value quoted
+    as a shell would need it), ``"no NCCL_* set"`` for ``{}``, ``"NCCL_* variables not recorded"`` for None
+    (a recording made before fingerprints carried them: what was set then is unknown, never guessed)."""
+    if env is None:
+        return NCCL_ENV_NOT_RECORDED
+    if not env:
+        return NO_NCCL_ENV
+    one_line = {k: shlex.quote(str(v).replace("\n", "\\n")) for k, v in env.items()}   # a fingerprint is one line
+    return " ".join(f"{k}={v}" for k, v in sorted(one_line.items()))
 
 
 def parse_topo_matrix(text: str) -> dict[tuple[int, int], str]:
@@ -233,6 +263,7 @@ class HardwareInfo:
     python_version: str
     cpu_count: int
     nvlinks: dict = dataclasses.field(default_factory=dict)  # {gpu: summarize_nvlinks(...)}, from NVML
+    nccl_env: dict = dataclasses.field(default_factory=dict)  # the NCCL_* variables set (nccl_env())
 
     @property
     def link_peak_gbps(self) -> float | None:
@@ -266,7 +297,9 @@ class HardwareInfo:
 
     def fingerprint(self) -> str:
         """One line identifying the hardware and software of a measurement, e.g.
-        ``2x NVIDIA H200 | NV18 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04``."""
+        ``2x NVIDIA H200 | NV18 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04 |
+        NCCL_NVLS_ENABLE=0``. The ``NCCL_*`` part (``nccl_env_text``) is on GPU machines only: without GPUs
+        the ranks use gloo, which NCCL's variables do not touch."""
         if self.gpus:
             names = sorted({g.name for g in self.gpus})
             parts = [f"{len(self.gpus)}x {'/'.join(names)}"]
@@ -278,7 +311,7 @@ class HardwareInfo:
         parts.append(f"torch {self.torch_version}")
         if self.gpus:
             parts += [f"CUDA {self.cuda_version}", f"NCCL {self.nccl_version}",
-                      f"driver {self.driver_version}"]
+                      f"driver {self.driver_version}", nccl_env_text(self.nccl_env)]
         return " | ".join(parts)
 
     def rows(self) -> list[tuple[str, str]]:
@@ -305,7 +338,8 @@ class HardwareInfo:
             gen, width = self.pcie[0]
             rows.append(("PCIe (host link)", f"Gen{gen} x{width}: {self.pcie_peak_gbps} GB/s per direction"))
         rows += [("torch", self.torch_version), ("CUDA", self.cuda_version),
-                 ("NCCL", self.nccl_version), ("driver", self.driver_version),
+                 ("NCCL", self.nccl_version), ("NCCL_* variables", nccl_env_text(self.nccl_env)),
+                 ("driver", self.driver_version),
                  ("python", self.python_version), ("CPU cores", str(self.cpu_count)),
                  ("fingerprint", self.fingerprint())]
         return rows
@@ -333,7 +367,6 @@ def describe(peer_access: bool = True) -> HardwareInfo:
         peer_access: also query ``torch.cuda.can_device_access_peer`` (creates a CUDA context
             on each GPU in this process; harmless for the labs, which start ranks with spawn).
     """
-    import os
     import sys
     import torch
     from .config import gpu_count
@@ -364,4 +397,5 @@ def describe(peer_access: bool = True) -> HardwareInfo:
         nvlink_gbps={k: v for k, v in nvlink.items() if v}, pcie=pcie,
         torch_version=torch.__version__, cuda_version=torch.version.cuda or "none",
         nccl_version=nccl or "none", driver_version=driver.splitlines()[0] if driver else "none",
-        python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0, nvlinks=nvlinks)
+        python_version=sys.version.split()[0], cpu_count=os.cpu_count() or 0, nvlinks=nvlinks,
+        nccl_env=nccl_env())

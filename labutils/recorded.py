@@ -13,6 +13,12 @@ are *recorded*, where and when -- never passed off as live::
 
 ``claims.show(verdicts, m)`` / ``claims.table(verdicts, m)`` print ``m.source`` beside every verdict;
 ``live_source()`` is the source of what a notebook judges from its own run, without a measurement.
+
+The ``NCCL_*`` variables set when a measurement ran change what NCCL did (``NCCL_NVLS_ENABLE=0`` turns
+NVLink SHARP off), so a recording stores them (``"nccl_env": {...}`` beside ``"fingerprint"``) and a GPU
+fingerprint ends with them (``hw.nccl_env_text``). A recording made before that holds no ``"nccl_env"``:
+``m.nccl_env`` is None and its fingerprint is shown ending ``| NCCL_* variables not recorded``
+(``shown_fingerprint``) -- what was set then is unknown, and nothing is put in its place.
 """
 from __future__ import annotations
 
@@ -29,10 +35,29 @@ DIR_ENV = "LABUTILS_RECORDED_DIR"
 
 
 @functools.lru_cache(maxsize=1)
-def _this_fingerprint() -> str:
-    """The machine's fingerprint (cached: describe() runs nvidia-smi three times)."""
+def _this_machine():
+    """``hw.describe()`` of this machine (cached: it runs nvidia-smi three times)."""
     from .hw import describe
-    return describe(peer_access=False).fingerprint()
+    return describe(peer_access=False)
+
+
+def _this_fingerprint(nccl_env: dict | None = None) -> str:
+    """The machine's fingerprint with ``nccl_env`` (default: the ``NCCL_*`` variables set now, read afresh
+    each time: a notebook may set one after the first measurement)."""
+    from .hw import nccl_env as current_nccl_env
+    env = current_nccl_env() if nccl_env is None else nccl_env
+    return dataclasses.replace(_this_machine(), nccl_env=env).fingerprint()
+
+
+def shown_fingerprint(doc: dict) -> str:
+    """A recording's fingerprint as sources and banners show it: the stored one, ending ``| NCCL_* variables
+    not recorded`` where a GPU recording predates ``"nccl_env"`` (a CPU recording's fingerprint has no NCCL
+    part: gloo does not read NCCL's variables)."""
+    from .hw import NCCL_ENV_NOT_RECORDED
+    fp = doc["fingerprint"]
+    if "nccl_env" in doc or " | NCCL " not in fp:
+        return fp
+    return f"{fp} | {NCCL_ENV_NOT_RECORDED}"
 
 
 def recorded_dir() -> Path:
@@ -48,12 +73,14 @@ def recorded_dir() -> Path:
 
 @dataclasses.dataclass
 class Measurement:
-    """A result and where it came from."""
+    """A result and where it came from. ``nccl_env``: the ``NCCL_*`` variables set when it was measured,
+    None where a recording predates storing them (unknown)."""
     name: str
     data: dict
     live: bool
     fingerprint: str
     recorded_at: str
+    nccl_env: dict | None = None
 
     @property
     def label(self) -> str:
@@ -87,15 +114,19 @@ def _jsonable(x):
     raise TypeError(f"cannot store {type(x).__name__} in a recorded result; convert it to lists/numbers.")
 
 
-def save(name: str, data: dict, fingerprint: str | None = None, directory: Path | None = None) -> Path:
-    """Write ``data`` with its provenance to ``<dir>/<name>.json`` and return the path."""
+def save(name: str, data: dict, fingerprint: str | None = None, directory: Path | None = None,
+         nccl_env: dict | None = None) -> Path:
+    """Write ``data`` with its provenance to ``<dir>/<name>.json`` and return the path: the fingerprint, the
+    ``NCCL_*`` variables set (``nccl_env``; default: those set now), the date, labutils' version."""
+    from .hw import nccl_env as current_nccl_env
+    nccl_env = current_nccl_env() if nccl_env is None else dict(nccl_env)
     if fingerprint is None:
-        fingerprint = _this_fingerprint()
+        fingerprint = _this_fingerprint(nccl_env)
     from . import __version__
     directory = Path(directory) if directory else recorded_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
-    doc = {"name": name, "fingerprint": fingerprint,
+    doc = {"name": name, "fingerprint": fingerprint, "nccl_env": nccl_env,
            "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "labutils_version": __version__, "data": data}
     path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
@@ -116,7 +147,8 @@ def load(name: str, directory: Path | None = None) -> Measurement:
             f"on a machine with the GPUs it needs, with {RECORD_ENV}=1 (see README, 'Recording reference "
             f"results'); {DIR_ENV} points at another folder of recordings.")
     doc = json.loads(path.read_text())
-    return Measurement(doc["name"], doc["data"], False, doc["fingerprint"], doc["recorded_at"])
+    return Measurement(doc["name"], doc["data"], False, shown_fingerprint(doc), doc["recorded_at"],
+                       doc.get("nccl_env"))
 
 
 def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int = 2,
@@ -133,14 +165,16 @@ def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int
     from .config import gpu_count
     n_gpus = gpu_count() if n_gpus is None else n_gpus
     if n_gpus >= gpus_needed:
-        fp = _this_fingerprint()
+        from .hw import nccl_env as current_nccl_env
+        env = current_nccl_env()
+        fp = _this_fingerprint(env)
         data = measure()
         data = json.loads(json.dumps(data, default=_jsonable))  # same types live and recorded
         if record if record is not None else os.environ.get(RECORD_ENV) == "1":
-            save(name, data, fingerprint=fp)
+            save(name, data, fingerprint=fp, nccl_env=env)
         print(f"LIVE: measured now on {fp}")
         return Measurement(name, data, True, fp,
-                           _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                           _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), env)
     try:
         m = load(name)
     except FileNotFoundError:

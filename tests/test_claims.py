@@ -83,8 +83,11 @@ def _printed_verdicts(text: str) -> list[tuple[str, str]]:
 def source_names_its_recordings(source: str, docs: list[dict]) -> bool:
     """True if every part of ``source`` is how one of ``docs`` (recordings) is shown: live (the machine that
     measured it, the notebook's own run) or recorded (its fingerprint and date). A ``MIXED:`` source has
-    two different parts at least, each ``what: source``."""
-    valid = {recorded.source_text(live, d["fingerprint"], d["recorded_at"]) for d in docs for live in (True, False)}
+    two different parts at least, each ``what: source``. Live, the run printed the fingerprint it stored;
+    recorded, a notebook shows it as ``recorded.shown_fingerprint`` does (ending ``NCCL_* variables not
+    recorded`` for a GPU recording that predates storing them)."""
+    valid = {recorded.source_text(True, d["fingerprint"], d["recorded_at"]) for d in docs} | {
+        recorded.source_text(False, recorded.shown_fingerprint(d), d["recorded_at"]) for d in docs}
     if not source.startswith(claims.MIXED):
         return source in valid
     parts = [part.partition(": ")[2] for part in source[len(claims.MIXED):].split("; ")]
@@ -198,7 +201,7 @@ def test_verdict_helpers_follow_their_thresholds():
 
 # ---- every verdict says where its numbers come from ---------------------------------------------------------
 
-LIVE_FP = "1x NVIDIA H200 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04"
+LIVE_FP = "1x NVIDIA H200 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | driver 580.159.04 | NCCL_NVLS_ENABLE=0"
 
 
 def _measurement(name: str, live: bool, fingerprint: str | None = None) -> recorded.Measurement:
@@ -296,14 +299,17 @@ def test_lab05_summary_labels_live_and_recorded_rows():
 def test_a_printed_source_must_name_the_recordings():
     docs = _docs(["00_copy_local", "00_copy_bandwidth"])
     fp, at = docs[1]["fingerprint"], docs[1]["recorded_at"]
+    shown = recorded.shown_fingerprint(docs[1])
     assert source_names_its_recordings(f"live on {fp}", docs)
-    assert source_names_its_recordings(f"RECORDED {at[:10]} on {fp}", docs)
+    assert source_names_its_recordings(f"RECORDED {at[:10]} on {shown}", docs)
+    if shown != fp:   # a recording without its NCCL_* variables is never shown as if they had been stored
+        assert not source_names_its_recordings(f"RECORDED {at[:10]} on {fp}", docs)
     other = "9x NVIDIA NOTHING | torch 0.0 | CUDA 0.0 | NCCL 0.0 | driver 0"  # a machine no recording names
     assert not any(d["fingerprint"] == other for d in docs)
     assert not source_names_its_recordings(f"live on {other}", docs)              # another machine
     assert not source_names_its_recordings(f"RECORDED 1999-01-01 on {fp}", docs)  # another date
     assert not source_names_its_recordings("", docs)
-    assert source_names_its_recordings(f"{claims.MIXED}a: live on {fp}; b: RECORDED {at[:10]} on {fp}", docs)
+    assert source_names_its_recordings(f"{claims.MIXED}a: live on {fp}; b: RECORDED {at[:10]} on {shown}", docs)
     assert not source_names_its_recordings(f"{claims.MIXED}a: live on {fp}; b: live on {fp}", docs)
     body = "VERDICT  TRUE   c | f | rule: r"
     assert _printed_verdicts(f"x\n{body}{claims.SOURCE_SEP}live on {fp}\n{body}\n") == [

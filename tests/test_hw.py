@@ -57,11 +57,37 @@ def _info(**kw):
 def test_fingerprint_and_table():
     info = _info()
     assert info.fingerprint() == ("2x NVIDIA H200 | NV18 | torch 2.11.0+cu130 | CUDA 13.0 | NCCL 2.28.9 | "
-                                  "driver 580.159.04")
+                                  "driver 580.159.04 | no NCCL_* set")
     assert info.link_peak_gbps == 478.1 and info.pcie_peak_gbps == 63.0
     text = str(info)
     assert "link GPU0-GPU1" in text and "NV18 (peer access: True)" in text and "18 links x 26.562 GB/s" in text
     assert "<table>" in info._repr_html_()
+
+
+def test_a_gpu_fingerprint_ends_with_the_nccl_variables_set():
+    """NCCL_NVLS_ENABLE=0 changes what an all-reduce on an NVSwitch board does: the fingerprint says it."""
+    env = hw.nccl_env({"NCCL_NVLS_ENABLE": "0", "PATH": "/bin", "NCCL_ALGO": "Ring", "TORCH_NCCL_X": "1"})
+    assert list(env) == ["NCCL_ALGO", "NCCL_NVLS_ENABLE"]               # NCCL_* only, sorted
+    info = _info(nccl_env=env)
+    assert info.fingerprint().endswith("| driver 580.159.04 | NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0")
+    assert ("NCCL_* variables", "NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0") in info.rows()
+    # one line, stable: values a shell would split are quoted, a newline is written as \n
+    text = hw.nccl_env_text({"NCCL_B": "a b", "NCCL_A": "x\ny"})
+    assert text == "NCCL_A='x\\ny' NCCL_B='a b'" and "\n" not in text
+    assert hw.nccl_env_text({}) == "no NCCL_* set"
+    assert hw.nccl_env_text(None) == "NCCL_* variables not recorded"   # unknown, never guessed
+
+
+def test_describe_reads_the_nccl_variables_of_this_process(monkeypatch):
+    for k in list(hw.nccl_env()):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    info = hw.describe(peer_access=False)
+    assert info.nccl_env == {"NCCL_NVLS_ENABLE": "0"}
+    if info.gpus:
+        assert info.fingerprint().endswith(" | NCCL_NVLS_ENABLE=0")
+    else:   # gloo ranks do not read NCCL's variables: a CPU fingerprint has no NCCL part
+        assert "NCCL" not in info.fingerprint()
 
 
 def test_cpu_fingerprint():
