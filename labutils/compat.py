@@ -1,11 +1,19 @@
 """One place for the torch names that differ across the torch versions the course supports, and for
 the ones torch does not make public: labutils reaches them only from here.
 
-torch >= 2.13 renamed the tensor forms of all-gather and reduce-scatter (``all_gather_single``,
-``reduce_scatter_single``) and made the old names emit a FutureWarning on every call; older torch
-(the 2xH200 reference runs 2.11) only has the old names. Calling whichever exists keeps rank output
--- and so the notebooks' checked cells -- identical across versions. Same arguments, same NCCL call
-(``ncclAllGather`` / ``ncclReduceScatter``: rank k's block is the k-th chunk of the big buffer).
+torch 2.13 renamed the tensor forms of all-gather and reduce-scatter -- ``all_gather_into_tensor`` ->
+``all_gather_single``, ``reduce_scatter_tensor`` -> ``reduce_scatter_single`` (pytorch/pytorch#186123, which
+added the new names and deprecated the old ones in one change) -- and the old names now emit a FutureWarning
+on every call; older torch (the 2xH200 reference runs 2.11; the course supports >= 2.4) only has the old
+names. Same signatures (``(output, input, group=None, async_op=False)``; reduce-scatter with ``op`` after
+``input``), same dispatcher ops (``c10d::_allgather_base_`` / ``c10d::_reduce_scatter_base_``, which is what
+``instruments.ledger`` counts), same NCCL call (``ncclAllGather`` / ``ncclReduceScatter``: rank k's block is
+the k-th chunk of the big buffer). Calling whichever exists keeps rank output -- and so the notebooks'
+checked cells -- identical across versions, with no warning.
+
+``ALL_GATHER_NAME`` / ``REDUCE_SCATTER_NAME`` are the names this torch prefers, for a notebook that teaches
+the call (``print(f"dist.{compat.ALL_GATHER_NAME}(output, input)")``); they differ between torch versions, so
+print them only in a cell tagged ``nbval-ignore-output``.
 
 The private ones (``torch.utils._pytree``, ``torch._utils``' bucket flattening, ``torch._ops``,
 ``TorchDispatchMode``, ``torch.cuda._sleep``, the flight-recorder dumpers of ``torch._C._distributed_c10d``, a process group's timeout) are wrapped
@@ -17,21 +25,40 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode  # the base class of a dispatch mode
 
-__all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "torch_function", "TorchDispatchMode",
+__all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "ALL_GATHER_NAME", "REDUCE_SCATTER_NAME",
+           "preferred_name", "torch_function", "TorchDispatchMode",
            "tree_map", "flatten_dense_tensors", "unflatten_dense_tensors", "is_higher_order_operator",
            "cuda_sleep", "flight_recorder_dumpers", "process_group_timeout_s"]
 
 
+_NEW_NAMES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+
+
+def preferred_name(name: str) -> str:
+    """The name this torch prefers for ``"all_gather_into_tensor"`` or ``"reduce_scatter_tensor"``: the
+    torch >= 2.13 one where it exists, else ``name`` itself.
+
+    Raises:
+        ValueError: a name that was not renamed.
+    """
+    if name not in _NEW_NAMES:
+        raise ValueError(f"no renamed torch.distributed function {name!r}. HINT: one of {', '.join(_NEW_NAMES)}.")
+    return _NEW_NAMES[name] if hasattr(dist, _NEW_NAMES[name]) else name
+
+
+ALL_GATHER_NAME = preferred_name("all_gather_into_tensor")   # "all_gather_single" on torch >= 2.13
+REDUCE_SCATTER_NAME = preferred_name("reduce_scatter_tensor")  # "reduce_scatter_single" on torch >= 2.13
+
+
 def all_gather_into_tensor(output, input, group=None, async_op: bool = False):
-    """``dist.all_gather_into_tensor(output, input)`` under the name this torch prefers."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, group=group, async_op=async_op)
+    """``dist.all_gather_into_tensor(output, input)`` under the name this torch prefers (``ALL_GATHER_NAME``)."""
+    return getattr(dist, ALL_GATHER_NAME)(output, input, group=group, async_op=async_op)
 
 
 def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
-    """``dist.reduce_scatter_tensor(output, input, op)`` under the name this torch prefers."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, op=op, group=group, async_op=async_op)
+    """``dist.reduce_scatter_tensor(output, input, op)`` under the name this torch prefers
+    (``REDUCE_SCATTER_NAME``)."""
+    return getattr(dist, REDUCE_SCATTER_NAME)(output, input, op=op, group=group, async_op=async_op)
 
 
 def process_group(handle):
@@ -47,16 +74,11 @@ def process_group(handle):
         return None
 
 
-_NEW_NAMES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
-
-
 def torch_function(name: str):
     """The ``torch.distributed`` function itself for ``"all_gather_into_tensor"`` or
     ``"reduce_scatter_tensor"``, under the name this torch prefers (for a timed loop that must pay for
     the torch call only, not for a wrapper around it)."""
-    if name not in _NEW_NAMES:
-        raise ValueError(f"no renamed torch.distributed function {name!r}. HINT: one of {', '.join(_NEW_NAMES)}.")
-    return getattr(dist, _NEW_NAMES[name], None) or getattr(dist, name)
+    return getattr(dist, preferred_name(name))
 
 
 # ---------------------------------------------------------------------------------------------
