@@ -17,38 +17,20 @@ measurement (a datasheet rate, a formula's example) carries ``<!-- not measured:
 """
 from __future__ import annotations
 
-import importlib
 import json
-import pkgutil
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+import claims_helpers   # tests/claims_helpers.py: recordings, perturbations, re-judging
 from labutils import claims, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {p.stem[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 RECORDED = ROOT / "notebooks" / "recorded"
-
-
-def _claim_modules() -> dict[str, object]:
-    """``{"03": labutils.labs.lab03_async_p2p.claims, ...}`` for every lab package that has one."""
-    import labutils.labs as labs
-    found = {}
-    for info in pkgutil.iter_modules(labs.__path__):
-        m = re.fullmatch(r"lab(\d\d)_\w+", info.name)
-        if m and info.ispkg:
-            try:
-                found[m.group(1)] = importlib.import_module(f"labutils.labs.{info.name}.claims")
-            except ModuleNotFoundError as exc:
-                if exc.name != f"labutils.labs.{info.name}.claims":
-                    raise
-    return found
-
-
-MODULES = _claim_modules()
+MODULES = claims_helpers.claim_modules()
 
 
 def _printed_text(nb, ignored_only: bool = False) -> str:
@@ -364,3 +346,76 @@ def test_the_unsourced_call_lint_flags_only_fresh_verdicts():
     assert _unsourced_calls("claims.show(CLAIMS['x'](m.data), m)\nclaims.table(V)\n"
                             "claims.table(claims.judge(CLAIMS, a, b))\nclaims.show(claims.sourced(f(a), a) + V)\n"
                             "claims.show(copy_verdicts(a, b, sources=(a, b)))") == []
+
+
+# ---- every verdict can fail on the data it judges -----------------------------------------------------------
+
+# CLAIMS entries whose verdicts judge an outcome held as text (an error message, the kinds of kernels a trace
+# shows) that no standard perturbation turns the other way: their TRUE and FALSE cases are tested with
+# written data in the lab's own tests. An entry leaves this list as soon as the data can flip it.
+JUDGED_ON_TEXT = {
+    ("01", ("01_optimised_one_gpu",)): "the kinds of the kernels its CUDA trace shows (no NCCL kernel to scale)",
+    ("03", ("03_source_on_nccl",)): "the status and error text of the source's program",
+    ("05", ("05_raw_mistakes_nccl",)): "NCCL's outcome text for each mismatch (a hang, not an error)",
+    ("05", ("05_wrong_device_nccl",)): "the error text of the source's program",
+}
+
+
+def _entries():
+    for lab, names, fn in claims_helpers.entries():
+        if all((RECORDED / f"{n}.json").exists() for n in names):
+            yield pytest.param(lab, names, fn, id=f"{lab}:{'+'.join(names)}")
+
+
+@pytest.mark.parametrize("lab,names,fn", list(_entries()))
+def test_some_perturbation_of_the_recorded_data_flips_a_verdict(lab, names, fn):
+    """A rule no measured point could fail is not a verdict: each verdict function gives at least one verdict
+    that the standard perturbations of its recordings (claims_helpers: a series or one number x0.5 / x2, a
+    count, a boolean or a text outcome; then x0.01 / x100 for margins beyond 2x) turn the other way."""
+    datas = [claims_helpers.recording(n) for n in names]
+    verdicts, flipped = claims_helpers.flips(fn, datas, names)
+    if not flipped:
+        flipped = claims_helpers.flips(fn, datas, names, tiers=("series", "point"),
+                                       factors=claims_helpers.WIDE_FACTORS)[1]
+    known = JUDGED_ON_TEXT.get((lab, names))
+    if known:
+        assert not flipped, (f"{fn.__qualname__} now flips under a perturbation of its data "
+                             f"({next(iter(flipped.values())).what}): remove {(lab, names)} from JUDGED_ON_TEXT")
+        return
+    assert flipped, (f"{fn.__qualname__}: no perturbation of {'+'.join(names)} changes any of its verdicts:\n"
+                     + "\n".join(f"  {v.verdict} {v.claim}" for v in verdicts)
+                     + "\nHINT: judge the claim on the measured numbers, at every point the lab measured, "
+                       "through a threshold some point could fail (claims.every, at_least, at_most, within).")
+
+
+def test_the_perturbation_helpers_flip_what_they_should():
+    """claims_helpers on a verdict function written here: a rule on a measured series flips, a rule on nothing
+    measured does not, and a function that edits its data is refused."""
+    def fn(d):
+        return [claims.every("each step stays under 10 ms", {str(i): t for i, t in enumerate(d["t_ms"])}, "<=", 10.0),
+                claims.Verdict("a constant", "-", "always TRUE", "TRUE")]
+    data = {"t_ms": [4.0, 6.0, 8.0], "sizes": [1, 2, 3], "ok": True}
+    verdicts, flipped = claims_helpers.flips(fn, [data], ("x",))
+    assert [v.verdict for v in verdicts] == ["TRUE", "TRUE"]
+    assert set(flipped) == {0} and flipped[0].tier == "series" and flipped[0].what == "x:t_ms.* x2"
+    assert data == {"t_ms": [4.0, 6.0, 8.0], "sizes": [1, 2, 3], "ok": True}            # restored
+    only_points = claims_helpers.flips(fn, [data], ("x",), tiers=("point",))[1]
+    assert only_points[0].what == "x:t_ms.1 x2"     # 4 ms doubled stays under 10 ms; 6 ms doubled does not
+    assert claims_helpers.verdict_of(fn(claims_helpers.scaled(data, ("t_ms", 1), 2.0)), "under 10 ms") == "FALSE"
+    assert claims_helpers.replaced(data, ("t_ms", 0), 11.0)["t_ms"] == [11.0, 6.0, 8.0] and data["t_ms"][0] == 4.0
+    with pytest.raises(LookupError, match="0 verdicts have 'nope'"):
+        claims_helpers.verdict_of(verdicts, "nope")
+
+    def sorts_in_place(d):
+        d["t_ms"].sort(reverse=True)
+        return fn(d)
+    with pytest.raises(RuntimeError, match="changed the data it judged"):
+        claims_helpers.flips(sorts_in_place, [{"t_ms": [1.0, 2.0]}], ("x",))
+
+
+@pytest.mark.parametrize("lab", sorted(NOTEBOOKS))
+def test_every_verdict_line_in_a_committed_notebook_names_its_source(lab):
+    """Checked cells too: a VERDICT line anywhere in the notebook ends with ``| source: ...``."""
+    printed = _printed_verdicts(_printed_text(nbformat.read(NOTEBOOKS[lab], as_version=4)))
+    unsourced = [body for body, source in printed if not source]
+    assert not unsourced, f"lab {lab} prints verdicts without their source:\n" + "\n".join(unsourced)
