@@ -131,3 +131,89 @@ def check_close(got: float, expected: float, *, rel_tol: float, what: str, hint:
     if not math.isfinite(g) or abs(g - expected) > rel_tol * abs(expected):
         fail(f"{what}: got {g:.4g}, expected {expected:.4g} (±{rel_tol:.0%})", hint)
     passed(f"{what}: {g:.4g} (expected {expected:.4g} ±{rel_tol:.0%})")
+
+
+# ---- what a rank put on the wire (instruments.ledger) ------------------------------------------------------
+#
+# Inside the ranks a checker runs the learner's code under a ``Ledger`` and sends back ``ledger_report(book)``;
+# in the notebook's process it judges the reports of all ranks:
+#
+#     def _rank(rank, world_size, fn):
+#         with Ledger() as book:
+#             fn(tensor)
+#         return {"equal": ..., "sent": checks.ledger_report(book)}
+#
+#     sent = [r["sent"] for r in reports]
+#     checks.expect_only_ops(sent, {"send", "recv"}, "your ring", "use dist.isend / dist.irecv (or P2POp) only")
+#     checks.expect_peers(sent, lambda rank, n: {(rank + 1) % n}, "your ring", "send to rank + 1 only")
+#     checks.expect_wire_bytes(sent, 2 * (n - 1) / n * size_bytes, "your ring all-reduce",
+#                              "a ring all-reduce sends 2 (n-1)/n of the tensor per rank")
+
+def ledger_report(book) -> dict:
+    """What ``book`` (an ``instruments.ledger.Ledger``, inside a rank) saw, as plain data a rank can return:
+    ``{"counts": {op: calls}, "wire_bytes": bytes this rank sent, "size_bytes": bytes handed over,
+    "sent_to": {peer: bytes}, "received_from": {peer: bytes}, "calls": [(op, peer, size_bytes, wire_bytes)]}``
+    (``peer`` is a global rank for a send or recv, None for a collective)."""
+    sent_to: dict[int, int] = {}
+    received_from: dict[int, int] = {}
+    for r in book.records:
+        if r.op == "send":
+            sent_to[r.peer] = sent_to.get(r.peer, 0) + r.size_bytes
+        elif r.op == "recv":
+            received_from[r.peer] = received_from.get(r.peer, 0) + r.size_bytes
+    return {"counts": book.counts(), "wire_bytes": float(book.wire_bytes_per_rank()),
+            "size_bytes": int(sum(r.size_bytes for r in book.records)),
+            "sent_to": dict(sorted(sent_to.items())), "received_from": dict(sorted(received_from.items())),
+            "calls": [(r.op, r.peer, r.size_bytes, r.wire_bytes) for r in book.records]}
+
+
+def _calls_text(counts: dict) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in counts.items()) or "nothing"
+
+
+def expect_only_ops(reports: list, allowed, what: str, hint: str) -> None:
+    """Fail unless every rank's ``ledger_report`` holds only ops of ``allowed`` (ledger names: ``"send"``,
+    ``"recv"``, ``"all_reduce"``, ...) and at least one op. ``reports[rank]``, in rank order."""
+    allowed = set(allowed)
+    for rank, rep in enumerate(reports):
+        extra = {op: n for op, n in rep["counts"].items() if op not in allowed}
+        if extra or not rep["counts"]:
+            fail(f"{what}: rank {rank} issued {_calls_text(rep['counts'])}; "
+                 f"expected only {', '.join(sorted(allowed))}", hint)
+
+
+def expect_peers(reports: list, expected, what: str, hint: str) -> None:
+    """Fail unless each rank sent to exactly the peers ``expected(rank, world_size)`` returns (a set of global
+    ranks), as its ``ledger_report`` shows."""
+    n = len(reports)
+    for rank, rep in enumerate(reports):
+        want, got = set(expected(rank, n)), set(rep["sent_to"])
+        if got != want:
+            fail(f"{what}: rank {rank} sent to {sorted(got) or 'no rank'}; the algorithm sends to "
+                 f"{sorted(want) or 'no rank'}", hint)
+
+
+def expect_wire_bytes(reports: list, expected, what: str, hint: str, *, rel_tol: float = 1e-6) -> None:
+    """Fail unless each rank put ``expected`` bytes on the wire (its ``ledger_report``'s ``wire_bytes``: the
+    bytes it sent, nccl-tests' ring factors for collectives), within ``rel_tol``. ``expected``: one number for
+    every rank, a list by rank, or ``expected(rank, world_size)``.
+
+    Raises:
+        ValueError: ``expected`` is neither (a checker's mistake, not the learner's).
+    """
+    n = len(reports)
+    for rank, rep in enumerate(reports):
+        if callable(expected):
+            want = expected(rank, n)
+        elif isinstance(expected, (list, tuple)):
+            want = expected[rank]
+        elif isinstance(expected, (int, float)):
+            want = expected
+        else:
+            raise ValueError(f"expected={expected!r}: not bytes. HINT: a number, a list by rank, or a function "
+                             "(rank, world_size) -> bytes.")
+        got = rep["wire_bytes"]
+        if abs(got - want) > rel_tol * max(abs(want), 1.0):
+            more = "more" if got > want else "less"
+            fail(f"{what}: rank {rank} put {got:,.0f} bytes on the wire ({_calls_text(rep['counts'])}), "
+                 f"{more} than the {want:,.0f} the algorithm sends", hint)
