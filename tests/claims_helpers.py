@@ -19,6 +19,7 @@ tests of a verdict you fix, take the data, change it where the claim must fail, 
     worse = scaled(data, ("time_ms", "SP", 0), 2.0)           # SP twice as slow at the first size
     assert verdict_of(judge(fn, worse), "sequence parallelism costs no more") == "FALSE"
 
+or let ``flipping_case(fn, names, claim_part)`` find the data on the other side of the rule.
 Run ``python tests/claims_helpers.py`` for the table of every verdict and the first perturbation that flips it
 (``never`` where none does).
 """
@@ -222,6 +223,36 @@ def flips(fn: Callable, datas: list, names: tuple, tiers=TIERS, factors=FACTORS)
         raise RuntimeError(f"{getattr(fn, '__qualname__', fn)} changed the data it judged. HINT: a verdict "
                            "function reads its data; copy what it must sort or edit.")
     return judge(fn, *datas), flipped
+
+
+def flipping_case(fn: Callable, names: tuple, claim_part: str, tiers=TIERS, factors=FACTORS, datas=None):
+    """``(word on the recordings, word after, Perturbation, perturbed datas)`` for the first standard
+    perturbation of the recordings ``names`` (or of ``datas``, copied, if given) that turns the verdict whose claim
+    contains ``claim_part`` the other way: both sides of its rule, from the recorded data, for a lab's TRUE/FALSE
+    test::
+
+        before, after, how, datas = flipping_case(fn, ("09_sp_block",), "costs no more time")
+        assert {before, after} == {"TRUE", "FALSE"}, how.what
+
+    Raises:
+        LookupError: no verdict or several match ``claim_part``, or no standard perturbation flips it.
+    """
+    datas = [recording(n) for n in names] if datas is None else copy.deepcopy(list(datas))
+    verdicts, flipped = flips(fn, datas, names, tiers, factors)
+    hits = [k for k, v in enumerate(verdicts) if claim_part in v.claim]
+    if len(hits) != 1:
+        raise LookupError(f"{len(hits)} verdicts have {claim_part!r} in their claim. HINT: the claims are: "
+                          + "; ".join(v.claim for v in verdicts))
+    k = hits[0]
+    if k not in flipped:
+        raise LookupError(f"no standard perturbation of {'+'.join(names)} flips {verdicts[k].claim!r} "
+                          f"({verdicts[k].verdict}). HINT: write the data on its other side by hand "
+                          "(claims_helpers.replaced / scaled), or judge the claim where a point could fail it.")
+    pert = flipped[k]
+    for i, p, v in pert.changes:
+        _put(datas[i], p, v)
+    after = verdict_of(judge(fn, *datas), claim_part)
+    return verdicts[k].verdict, after, pert, datas
 
 
 WIDE_FACTORS = (0.01, 100.0)   # for the report only: a verdict with a margin beyond 2x flips here

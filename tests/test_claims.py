@@ -406,6 +406,21 @@ def test_the_perturbation_helpers_flip_what_they_should():
     with pytest.raises(LookupError, match="0 verdicts have 'nope'"):
         claims_helpers.verdict_of(verdicts, "nope")
 
+    before, after, how, moved = claims_helpers.flipping_case(fn, ("x",), "under 10 ms", datas=[data])
+    assert (before, after, how.what) == ("TRUE", "FALSE", "x:t_ms.* x2") and moved[0]["t_ms"] == [8.0, 12.0, 16.0]
+    assert data["t_ms"] == [4.0, 6.0, 8.0]
+    with pytest.raises(LookupError, match="no standard perturbation of x flips 'a constant'"):
+        claims_helpers.flipping_case(fn, ("x",), "a constant", datas=[data])
+    # from a recording: the first verdict of the first CLAIMS entry that a perturbation flips, both sides
+    lab, names, real = next((lab, names, f) for lab, names, f in claims_helpers.entries()
+                            if all((RECORDED / f"{n}.json").exists() for n in names)
+                            and claims_helpers.flips(f, [claims_helpers.recording(n) for n in names], names)[1])
+    verdicts, flipped = claims_helpers.flips(real, [claims_helpers.recording(n) for n in names], names)
+    claim = verdicts[min(flipped)].claim
+    if sum(claim in v.claim for v in verdicts) == 1:
+        before, after, how, moved = claims_helpers.flipping_case(real, names, claim)
+        assert before != after and moved != [claims_helpers.recording(n) for n in names]
+
     def sorts_in_place(d):
         d["t_ms"].sort(reverse=True)
         return fn(d)
