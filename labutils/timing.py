@@ -2,13 +2,19 @@
 
 * ``benchmark(fn)``: one device, one process. On GPU each sample is bracketed by two CUDA events
   on the current stream; on CPU by ``time.perf_counter``.
-* ``benchmark_collective(op)``: the nccl-tests method (``src/common.cu``): warm-up calls, then
-  ``iters`` back-to-back calls between two events, time / iters; repeated ``repeat`` times. Each
-  rank measures its own time; the reported sample is the **slowest rank's** (nccl-tests averages
-  over ranks by default, ``-a 1``; we report ``-a 3``, the max, because a collective is done only
-  when its last rank is done). Call it on every rank. ``benchmark_loops`` does the same for
-  several loops of calls in turn (a benchmark's call next to a bare loop, a replayed CUDA graph);
-  ``repeated(fn)`` makes such a loop of a callable.
+* ``benchmark_collective(op)``: nccl-tests' loop (``src/common.cu``, ``BenchTime``) -- warm-up calls, a
+  barrier, ``iters`` back-to-back calls, time / iters -- measured differently in three ways:
+
+  - the clock: two CUDA events on the current stream around the calls (GPU time of the loop), where
+    nccl-tests reads a host clock before the launches and again after a stream synchronize (so its
+    time also holds the launches' host cost and the synchronize);
+  - the ranks: each sample is the **slowest rank's** (nccl-tests' ``-a 3``; its default, ``-a 1``,
+    is the mean over ranks), because a collective is done only when its last rank is done;
+  - the samples: ``repeat`` samples and their median, where nccl-tests reports one per size.
+
+  Call it on every rank. ``benchmark_loops`` does the same for several loops of calls in turn (a
+  benchmark's call next to a bare loop, a replayed CUDA graph); ``repeated(fn)`` makes such a loop of
+  a callable.
 * ``Clock(device)``: the one clock every timed region in labutils uses -- marks are CUDA events on
   the device's current stream on a GPU, ``time.perf_counter`` on the CPU; ``SpanTimer`` records
   named spans on several devices with it (for ``plots.timeline_plot``).
@@ -213,7 +219,8 @@ def benchmark(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, in
 
 def benchmark_collective(op: Callable[[], object], *, warmup: int = 5, iters: int = 20,
                          repeat: int = 5, group=None) -> Timing:
-    """Time a collective the nccl-tests way; every rank of ``group`` must call this.
+    """Time a collective with nccl-tests' loop (events, slowest rank, median: see the module docstring); every
+    rank of ``group`` must call this.
 
     Args:
         op: issues one collective (blocking or not; GPU work goes to the current stream).
@@ -244,7 +251,8 @@ def repeated(fn: Callable[[], object]) -> Callable[[int], None]:
 
 def benchmark_loops(loops: dict, *, warmup: int = 5, iters: int = 20, repeat: int = 5,
                     group=None) -> dict:
-    """Time loops of collectives the nccl-tests way, sample by sample in turn; every rank calls it.
+    """Time loops of collectives with nccl-tests' loop (events, slowest rank, median), sample by sample in
+    turn; every rank calls it.
 
     ``loops[name](k)`` issues k calls back to back (a bare ``for`` loop around a torch call, or a
     CUDA graph replayed k times). One sample of a loop: synchronise, barrier, synchronise, a mark,
