@@ -15,7 +15,7 @@ The GPU communication labs' tools.
   python -m labutils workspace [DIR]         your own copy of the labs to edit (default ./my-labs)
   python -m labutils hw                      describe this machine
   python -m labutils run-labs [LAB ...]      execute the labs headless and print a summary table
-  python -m labutils bench [...]             benchmark collectives the nccl-tests way
+  python -m labutils bench [...]             benchmark collectives, nccl-tests-style (busbw, #wrong)
   python -m labutils classroom STEP          for instructors: release, grade, check
 
 python -m labutils COMMAND --help says more about each."""
