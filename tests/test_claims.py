@@ -434,3 +434,47 @@ def test_every_verdict_line_in_a_committed_notebook_names_its_source(lab):
     printed = _printed_verdicts(_printed_text(nbformat.read(NOTEBOOKS[lab], as_version=4)))
     unsourced = [body for body, source in printed if not source]
     assert not unsourced, f"lab {lab} prints verdicts without their source:\n" + "\n".join(unsourced)
+
+
+def _rule_of(rule: str) -> str:
+    """A verdict's rule without the measured part ``within`` prints in it (``(off by 7%)``)."""
+    return re.sub(r"\s*\(off by [^)]*\)", "", rule).strip()
+
+
+def _claims_with_two_rules(judged) -> dict:
+    """``{claim: [(rule, where), ...]}`` for each claim of ``judged`` (``(claim, rule, where)`` triples) that is
+    judged by more than one rule."""
+    rules: dict[str, set] = {}
+    for claim, rule, where in judged:
+        rules.setdefault(claim, set()).add((_rule_of(rule), where))
+    return {claim: sorted(found) for claim, found in rules.items() if len({r for r, _ in found}) > 1}
+
+
+def _everything_judged():
+    for lab, names, fn in claims_helpers.entries():
+        if all((RECORDED / f"{n}.json").exists() for n in names):
+            for v in fn(*[claims_helpers.recording(n) for n in names]):
+                yield v.claim, v.rule, f"{lab}:{'+'.join(names)}"
+    for lab, path in NOTEBOOKS.items():
+        for body, _ in _printed_verdicts(_printed_text(nbformat.read(path, as_version=4))):
+            words = body[len(claims.PREFIX):].strip().split(None, 1)
+            if len(words) == 2 and " | rule: " in words[1]:
+                yield words[1].split(" | ")[0], body.rpartition(" | rule: ")[2], f"notebook {lab}"
+
+
+def test_one_claim_one_rule():
+    """The same claim is judged by the same rule wherever it is judged: in every CLAIMS function and on every
+    VERDICT line of every committed notebook (a summary that judges a claim with another rule than the
+    verdict beside it says two things about one claim)."""
+    split = _claims_with_two_rules(_everything_judged())
+    assert not split, "claims judged by more than one rule:\n" + "\n".join(
+        f"  {claim}: " + "; ".join(f"{where}: {rule}" for rule, where in found) for claim, found in split.items())
+
+
+def test_the_one_rule_check_sees_two_rules():
+    median, worst = claims.at_most("adds nothing", 1.03, 1.15, figure="f"), claims.at_most("adds nothing", 1.32, 1.05,
+                                                                                          figure="f")
+    within = [claims.within("w", x, 1.0, 0.1, figure="f") for x in (1.07, 1.2)]
+    found = _claims_with_two_rules([(median.claim, median.rule, "a"), (worst.claim, worst.rule, "b"),
+                                    (within[0].claim, within[0].rule, "a"), (within[1].claim, within[1].rule, "b")])
+    assert found == {"adds nothing": [("TRUE if <= 1.05", "b"), ("TRUE if <= 1.15", "a")]}   # "off by" is no rule
