@@ -108,6 +108,7 @@ def test_a_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_tensor_to_its_next_ra
             or s["calls"][:2] == [("recv", (rank - 1) % n, chunk, 0.0), ("send", (rank + 1) % n, chunk, float(chunk))]
         assert s["wire_bytes"] == 2 * (n - 1) / n * size_bytes and s["size_bytes"] == 4 * (n - 1) * chunk
     checks.expect_only_ops(sent, {"send", "recv"}, "your ring", "use isend/irecv only")
+    checks.expect_calls(sent, {"send": 2 * (n - 1), "recv": 2 * (n - 1)}, "your ring", "h")
     checks.expect_peers(sent, _ring_next, "your ring", "send to rank + 1 only")
     checks.expect_wire_bytes(sent, 2 * (n - 1) / n * size_bytes, "your ring all-reduce", "2 (n-1)/n S per rank")
     checks.expect_wire_bytes(sent, lambda rank, n: 2 * (n - 1) / n * size_bytes, "ring", "h")
@@ -128,6 +129,9 @@ def test_everything_to_everyone_is_right_but_sends_more_than_a_ring(gloo3):
         checks.expect_wire_bytes(sent, 2 * (n - 1) / n * size_bytes, "your ring all-reduce", hint)
     with pytest.raises(checks.ExerciseError, match=r"rank 0 sent to \[1, 2\]; the algorithm sends to \[1\]"):
         checks.expect_peers(sent, _ring_next, "your ring", hint)
+    with pytest.raises(checks.ExerciseError, match=r"rank 0 issued send x2, recv x2; the algorithm issues send x4, "
+                                                   r"recv x4. HINT: a ring"):
+        checks.expect_calls(sent, lambda rank, n: {"send": 2 * (n - 1), "recv": 2 * (n - 1)}, "your ring", hint)
 
 
 def test_a_disguised_all_reduce_is_named(gloo3):

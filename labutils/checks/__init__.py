@@ -145,6 +145,7 @@ def check_close(got: float, expected: float, *, rel_tol: float, what: str, hint:
 #
 #     sent = [r["sent"] for r in reports]
 #     checks.expect_only_ops(sent, {"send", "recv"}, "your ring", "use dist.isend / dist.irecv (or P2POp) only")
+#     checks.expect_calls(sent, {"send": 2 * (n - 1), "recv": 2 * (n - 1)}, "your ring", "one send and one recv a step")
 #     checks.expect_peers(sent, lambda rank, n: {(rank + 1) % n}, "your ring", "send to rank + 1 only")
 #     checks.expect_wire_bytes(sent, 2 * (n - 1) / n * size_bytes, "your ring all-reduce",
 #                              "a ring all-reduce sends 2 (n-1)/n of the tensor per rank")
@@ -180,6 +181,18 @@ def expect_only_ops(reports: list, allowed, what: str, hint: str) -> None:
         if extra or not rep["counts"]:
             fail(f"{what}: rank {rank} issued {_calls_text(rep['counts'])}; "
                  f"expected only {', '.join(sorted(allowed))}", hint)
+
+
+def expect_calls(reports: list, expected, what: str, hint: str) -> None:
+    """Fail unless each rank issued exactly the calls ``expected`` gives -- ``{op: count}`` for every rank, or
+    ``expected(rank, world_size) -> {op: count}`` -- as its ``ledger_report`` counts them (e.g. a ring
+    all-reduce: ``{"send": 2 * (n - 1), "recv": 2 * (n - 1)}``)."""
+    n = len(reports)
+    for rank, rep in enumerate(reports):
+        want = dict(expected(rank, n) if callable(expected) else expected)
+        if rep["counts"] != want:
+            fail(f"{what}: rank {rank} issued {_calls_text(rep['counts'])}; the algorithm issues "
+                 f"{_calls_text(want)}", hint)
 
 
 def expect_peers(reports: list, expected, what: str, hint: str) -> None:
