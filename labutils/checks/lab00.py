@@ -109,6 +109,15 @@ def _structure(log: list) -> tuple[list[float] | None, str | None]:
     if len(reads) != REPEAT:
         return None, (f"{len(reads)} samples were read, repeat = {REPEAT}|one pair of marks and one read "
                       "per sample, `repeat` samples")
+    (first, _), (first_stop, _) = marks[reads[0][1]], marks[reads[0][2]]
+    if sum(1 for p, _ in calls if p < first) < WARMUP:
+        if sum(1 for p, _ in calls if first < p < first_stop) > ITERS:
+            return None, ("the warm-up calls are inside a timed sample|call op() `warmup` times before the "
+                          "first mark: first calls pay set-up (a communicator, caches, the allocator) that no "
+                          "later call pays")
+        return None, (f"fewer than warmup = {WARMUP} calls came before the first timed sample|call op() "
+                      "`warmup` times, untimed, before the first mark: first calls pay set-up that no later "
+                      "call pays")
     samples = []
     for n, (pos, a, b) in enumerate(reads):
         (pa, ta), (pb, tb) = marks[a], marks[b]
@@ -126,10 +135,6 @@ def _structure(log: list) -> tuple[list[float] | None, str | None]:
                           "that the host reaches before the GPU does: synchronize after the last mark, then "
                           "read elapsed_ms")
         samples.append((tb - ta) * 1e3 / ITERS)
-    first = min(pa for pa, _ in (marks[a] for _, a, _ in reads))
-    if sum(1 for p, _ in calls if p < first) < WARMUP:
-        return None, (f"fewer than warmup = {WARMUP} calls came before the first timed sample|call op() "
-                      "`warmup` times, untimed, before the first mark")
     return samples, None
 
 
