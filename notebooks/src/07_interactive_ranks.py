@@ -13,7 +13,7 @@
 # ranks (gloo); only the 2×H200 round-trip numbers are shown as a recording there.
 #
 # **Time:** 30 min of study (two exercises: an agreement every rank reaches, checked on 3 ranks; the pool's
-# break-even, derived); under 25 s to run on 2×H200, under 60 s on a 2-core CPU.
+# break-even, derived); under 30 s to run on 2×H200, under 90 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
