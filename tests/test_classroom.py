@@ -148,25 +148,24 @@ def test_a_class_is_graded(course, tmp_path):
     assert [p.pid for p in procs.leftover_ranks(wait_s=5) if p.pid not in before] == []
 
 
-def test_release_of_lab07_clears_its_ranks_cells(tmp_path):
-    """Lab 07's exercises are %%ranks cells: the student's keep the magic and the stub line, then nbgrader's
-    stub, and hold no answer; the instructor's keep theirs."""
+def test_release_of_lab07_clears_its_exercise_cells(tmp_path):
+    """Lab 07's exercises are rank-side and derived functions: the student's keep the signature, the docstring
+    and the stub line, then nbgrader's stub, and hold no answer; the instructor's keep theirs."""
     r = subprocess.run([sys.executable, "-m", "labutils", "classroom", "release", "07", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     nb = nbformat.read(tmp_path / "student" / "notebooks" / "07_interactive_ranks.ipynb", 4)
     answers = {c.metadata.nbgrader["grade_id"]: c.source for c in nb.cells
                if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-    assert answers == {"mean_rank": "%%ranks\nmean_rank = None  # ✍ your code: all_reduce a tensor holding this "
-                                    "rank's `rank`, then divide\n# ✍ YOUR CODE HERE\nraise NotImplementedError()",
-                       "squares": "%%ranks\nsquares = None  # ✍ your code: all_gather a one-element tensor holding "
-                                  "rank ** 2\n# ✍ YOUR CODE HERE\nraise NotImplementedError()"}
+    assert set(answers) == {"all_agree", "break_even"}
+    assert answers["all_agree"].startswith("def all_agree(flag) -> bool:")
+    assert answers["break_even"].startswith("def break_even(start_s, launch_s, roundtrip_s, work_s=0.0):")
+    assert all(a.endswith("# ✍ YOUR CODE HERE\n    raise NotImplementedError()") for a in answers.values()), answers
     tests = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
     assert [c.metadata.nbgrader["points"] for c in tests] == [2, 2]  # as INSTRUCTORS.md counts lab 07
     assert release.find_solution_text(tmp_path / "student") == []
     text = "\n".join(c.source for c in nb.cells)
-    assert "t.item() / world_size" not in text and "dist.all_gather(parts, mine)" not in text
-    assert any("dist.all_gather(parts, mine)" in s for s in release.solution_snippets())  # searched for
+    assert "solution.all_agree" not in text and "solution.break_even" not in text
     source = nbformat.read(tmp_path / "source" / "lab07" / "07_interactive_ranks.ipynb", 4)
     assert sum("### BEGIN SOLUTION" in c.source for c in source.cells) == 2
 

@@ -6,6 +6,7 @@ Run: pytest tests/test_lab00.py -q -p no:nbval     (under a second)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_topology_without_gpus_nvml_or_nvlink_says_unknown():
     assert rows["where they end (NVML)"].startswith("unknown") and rows["NVLink line rate"] == "unknown"
 
 
-# ---- verdicts on both sides of their thresholds -----------------------------------------------------
+# ---- verdicts on both sides of their thresholds (more in tests/test_claims_lab00.py) -----------------
 def test_orders_of_magnitude_claim():
     assert _one(_verdicts(*_data(h2d_gbps=55.0)), "orders of magnitude") == "FALSE"   # 7x
     assert _one(_verdicts(*_data(h2d_gbps=30.0)), "orders of magnitude") == "TRUE"    # 13x
@@ -93,12 +94,10 @@ def test_data_rate_claim_needs_the_topology_and_follows_it():
     assert _one(_verdicts(*_data(p2p_gbps=300.0, topology=topo)), "data rate") == "FALSE"   # 0.67
 
 
-def test_nv18_claim_follows_what_nvml_says_the_links_end_at():
+def test_the_topology_is_a_table_not_a_verdict():
     switch = {"link": "NV18", "nvlink_remote": {"NVSwitch": 18}}
-    direct = {"link": "NV4", "nvlink_remote": {"GPU": 4}}
-    assert _one(_verdicts(*_data(topology=switch)), "directly") == "FALSE"
-    assert _one(_verdicts(*_data(topology=direct)), "directly") == "TRUE"
-    assert lab_claims.topology_verdicts({"topology": {"link": "NV18", "nvlink_remote": {}}}) == []
+    assert not any("directly" in c for c in _verdicts(*_data(topology=switch)))
+    assert measure.topology_rows(switch)["where they end (NVML)"] == "18 to NVSwitch"
 
 
 def test_fit_claim():
@@ -113,12 +112,12 @@ def test_pinned_claim():
     assert _one(_verdicts(*_data(pageable_gbps=50.0)), "pageable") == "FALSE"
 
 
-def test_both_directions_claim():
-    assert _one(_verdicts(*_data(back_gbps=390.0)), "both directions") == "TRUE"
-    assert _one(_verdicts(*_data(back_gbps=300.0)), "both directions") == "FALSE"
+def test_symmetry_claim():
+    assert _one(_verdicts(*_data(back_gbps=390.0)), "symmetric") == "TRUE"
+    assert _one(_verdicts(*_data(back_gbps=300.0)), "symmetric") == "FALSE"
 
 
-def test_prediction_claim():
+def test_prediction_claim_is_held_out():
     local, peer = _data()
     assert _one(_verdicts(local, peer), "predicts") == "TRUE"
     i = SIZES.index(lab_claims.PREDICTED_SIZE)
@@ -131,3 +130,192 @@ def test_verdicts_of_the_recordings():
     local = json.loads((REC_DIR / "00_copy_local.json").read_text())["data"]
     peer = json.loads((REC_DIR / "00_copy_bandwidth.json").read_text())["data"]
     assert len(lab_claims.all_verdicts(local, peer)) >= 5
+
+
+# ---- the exercises: three states each, wrong-but-plausible answers rejected with their HINT ----------
+import statistics
+import sys
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from labutils import RankPool
+from labutils.checks import ExerciseError
+from labutils.checks import lab00 as check
+from notebook_defs import load_definitions
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this file
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return load_definitions("00_setup")
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    with RankPool(world_size=3, backend="gloo", timeout=60, output="quiet") as p:
+        yield p
+
+
+def _samples(op, clock, iters, repeat, *, warm=0, sync=True, per_call=True):
+    for _ in range(warm):
+        op()
+    out = []
+    for _ in range(repeat):
+        dist.barrier()
+        a = clock.mark()
+        for _ in range(iters):
+            op()
+        b = clock.mark()
+        if sync:
+            clock.synchronize()
+        out.append(clock.elapsed_ms(a, b) / (iters if per_call else 1))
+    return out
+
+
+def _max_over_ranks(xs):
+    t = torch.tensor(xs, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def times_the_warmup(op, clock, *, warmup, iters, repeat):
+    out = []
+    for _ in range(repeat):
+        dist.barrier()
+        a = clock.mark()
+        for _ in range(warmup):                   # "warm-up" inside the timed region
+            op()
+        for _ in range(iters):
+            op()
+        b = clock.mark()
+        clock.synchronize()
+        out.append(clock.elapsed_ms(a, b) / iters)
+    return statistics.median(_max_over_ranks(out))
+
+
+def rank0_time(op, clock, *, warmup, iters, repeat):
+    t = torch.tensor([statistics.median(_samples(op, clock, iters, repeat, warm=warmup))], dtype=torch.float64)
+    dist.broadcast(t, src=0)                      # every rank reports rank 0's
+    return t.item()
+
+
+def own_time(op, clock, *, warmup, iters, repeat):
+    return statistics.median(_samples(op, clock, iters, repeat, warm=warmup))
+
+
+def mean_over_ranks(op, clock, *, warmup, iters, repeat):
+    t = torch.tensor(_samples(op, clock, iters, repeat, warm=warmup), dtype=torch.float64)
+    dist.all_reduce(t)                            # SUM ...
+    return statistics.median((t / dist.get_world_size()).tolist())   # ... / n: nccl-tests' -a 1
+
+
+def mean_over_samples(op, clock, *, warmup, iters, repeat):
+    return statistics.mean(_max_over_ranks(_samples(op, clock, iters, repeat, warm=warmup)))
+
+
+def per_sample_not_per_call(op, clock, *, warmup, iters, repeat):
+    return statistics.median(_max_over_ranks(_samples(op, clock, iters, repeat, warm=warmup, per_call=False)))
+
+
+def reads_before_sync(op, clock, *, warmup, iters, repeat):
+    return statistics.median(_max_over_ranks(_samples(op, clock, iters, repeat, warm=warmup, sync=False)))
+
+
+def one_call_per_sample(op, clock, *, warmup, iters, repeat):
+    return statistics.median(_max_over_ranks(_samples(op, clock, 1, repeat, warm=warmup)))
+
+
+def no_warmup(op, clock, *, warmup, iters, repeat):
+    return statistics.median(_max_over_ranks(_samples(op, clock, iters, repeat, warm=0)))
+
+
+def stub_timer(op, clock, *, warmup, iters, repeat):
+    raise NotImplementedError()
+
+
+def test_timing_loop_solution_passes_on_three_ranks_and_is_usable(nb, pool3, capsys):
+    check.time_collective(nb.time_collective, pool=pool3)
+    out = capsys.readouterr().out
+    assert "✓ time_collective on 3 ranks of different speeds" in out and "all_reduce" in out
+    assert check.usable_timer(nb.time_collective) is nb.time_collective
+
+
+def test_timing_loop_stub_is_not_attempted_and_gets_the_library_stand_in(pool3, capsys):
+    check.time_collective(stub_timer, pool=pool3)
+    out, err = capsys.readouterr()
+    assert "… not attempted: time_collective still raises NotImplementedError" in err and "✓" not in out
+    fn = check.usable_timer(stub_timer)
+    assert fn is check.standin_time_collective and "benchmark_collective" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (times_the_warmup, "warm-up calls are inside a timed sample"),
+    (no_warmup, "fewer than warmup = 2 calls came before the first timed sample"),
+    (rank0_time, "that is rank 0's time"),
+    (own_time, "the ranks returned different times"),
+    (mean_over_ranks, "that is the mean over ranks"),
+    (mean_over_samples, "that is the mean of the samples"),
+    (per_sample_not_per_call, "divide a sample by iters"),
+    (reads_before_sync, "read before clock.synchronize"),
+    (one_call_per_sample, "brackets 1 calls of op, iters = 4"),
+], ids=lambda x: getattr(x, "__name__", "hint"))
+def test_timing_loop_wrong_but_plausible_answers_fail_with_their_hint(pool3, fn, hint):
+    with pytest.raises(ExerciseError, match=re.escape(hint)):
+        check.time_collective(fn, pool=pool3)
+
+
+def test_timing_loop_on_a_pool_of_the_wrong_size_is_refused():
+    with RankPool(world_size=2, backend="gloo", timeout=60, output="quiet") as p2:
+        with pytest.raises(ValueError, match="this checker runs on 3 gloo ranks"):
+            check.time_collective(rank0_time, pool=p2)
+
+
+def _peer_sweep():
+    peer = json.loads((REC_DIR / "00_copy_bandwidth.json").read_text())["data"]
+    return peer["size_bytes"], peer["time_ms"]["cuda:0 -> cuda:1"]
+
+
+def test_fit_solution_passes_and_stub_is_not_attempted(nb, capsys):
+    sizes, times = _peer_sweep()
+    check.fit_alpha_beta(nb.fit_alpha_beta, sizes, times)
+    assert "✓ fit_alpha_beta matches labutils.bandwidth.fit_alpha_beta" in capsys.readouterr().out
+
+    def stub(size_bytes, time_ms):
+        raise NotImplementedError()
+    check.fit_alpha_beta(stub, sizes, times)
+    out, err = capsys.readouterr()
+    assert "… not attempted: fit_alpha_beta still raises NotImplementedError" in err and "✓" not in out
+    assert check.usable_fit(stub) is check.standin_fit
+
+
+def _scaled(fn, da=1.0, db=1.0, swap=False):
+    def wrong(size_bytes, time_ms):
+        a, b = fn(size_bytes, time_ms)
+        return (b * db, a * da) if swap else (a * da, b * db)
+    return wrong
+
+
+@pytest.mark.parametrize("make,hint", [
+    (lambda nb: check._two_points, "the line through the smallest and the largest point"),
+    (lambda nb: check._unweighted, "plain least-squares line"),
+    (lambda nb: _scaled(nb.fit_alpha_beta, da=1e-3), "alpha is in microseconds"),
+    (lambda nb: _scaled(nb.fit_alpha_beta, db=1e9), "beta is in GB/s = 1e9 B/s"),
+    (lambda nb: _scaled(nb.fit_alpha_beta, swap=True), "you returned (beta, alpha)"),
+    (lambda nb: (lambda s, t: (1.0, 2.0)), "minimise sum"),
+    (lambda nb: (lambda s, t: None), "return a pair (alpha_us, beta_gbps)"),
+], ids=["two-points", "unweighted", "alpha-in-ms", "beta-in-B/s", "swapped", "constant", "none"])
+def test_fit_wrong_but_plausible_answers_fail_with_their_hint(nb, make, hint):
+    with pytest.raises(ExerciseError, match=re.escape(hint)):
+        check.fit_alpha_beta(make(nb), *_peer_sweep())
+
+
+def test_the_picture_draws_any_small_world_and_refuses_others():
+    from labutils.labs.lab00_setup import picture
+    fig = picture.all_reduce_picture(4)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "1 + 2 + 3 + 4 = 10" in texts and texts.count("t = [10]") == 4
+    with pytest.raises(ValueError, match="from 2 to 8"):
+        picture.all_reduce_picture(1)

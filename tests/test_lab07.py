@@ -5,6 +5,7 @@ Run: pytest tests/test_lab07.py -q   (one pool start and one launch; ~20 s on 2 
 """
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def test_roundtrip_measures_every_way_of_sending_work(pool):
     assert 0 < m["pool_ms"] < m["launch_ms"] and m["launch_ms"] > 100  # a launch starts processes
     json.dumps(data)  # recordable as it is
     verdicts = lab_claims.roundtrip_verdicts(data)
-    assert len(verdicts) == 3 and all(v.verdict in (claims.TRUE, claims.FALSE) for v in verdicts)
+    assert len(verdicts) == 2 and all(v.verdict in (claims.TRUE, claims.FALSE) for v in verdicts)
 
 
 def test_table_one_column_per_source_nan_for_what_an_old_recording_lacks():
@@ -65,11 +66,11 @@ def test_table_one_column_per_source_nan_for_what_an_old_recording_lacks():
 
 def test_roundtrip_verdicts_follow_their_thresholds():
     v = lab_claims.roundtrip_verdicts(_data())
-    assert [x.verdict for x in v] == ["TRUE", "TRUE", "TRUE"]
+    assert [x.verdict for x in v] == ["TRUE", "TRUE"]
     assert "launch 5.00 s / pool.run 4.00 ms = 1,250x" in v[0].figure and v[0].rule == "TRUE if >= 100"
     assert [x.verdict for x in lab_claims.roundtrip_verdicts(_data(launch_ms=300.0))][0] == "FALSE"
     assert lab_claims.roundtrip_verdicts(_data(start_s=15.0))[1].verdict == "FALSE"  # 3 experiments to break even
-    assert lab_claims.roundtrip_verdicts(_data(exec_ms=3.9))[2].verdict == "FALSE"   # text hardly cheaper
+    assert len(lab_claims.roundtrip_verdicts(_data(exec_ms=3.9))) == 2   # text vs function: the table's, no verdict
     only = {k: v for k, v in _data().items() if k not in ("start_s", "exec_ms")}
     assert len(lab_claims.roundtrip_verdicts(only)) == 1  # an older recording: what it can judge
     assert lab_claims.roundtrip_verdicts(json.loads(RECORDING.read_text())["data"])
@@ -84,81 +85,127 @@ def test_behaviour_verdicts():
     assert lab_claims.pool_restarted(0, 2).verdict == "FALSE"
 
 
-def test_checkers_not_attempted_right_and_wrong(pool, capsys):
-    pool.exec("mean_rank = None\nsquares = None")
-    check.mean_rank(pool)
-    check.squares(pool)
-    out, err = capsys.readouterr()
-    assert "… not attempted: mean_rank is still None on every rank" in err and "… not attempted: squares" in err
-    assert "✓" not in out
-    pool.exec("t = torch.tensor([float(rank)])\ndist.all_reduce(t)\nmean_rank = t.item()")  # forgot to divide
-    with pytest.raises(ExerciseError, match=r"mean_rank on the ranks is \[1.0, 1.0\].*HINT: that is the sum"):
-        check.mean_rank(pool)
-    pool.exec("mean_rank = 'half'")
-    with pytest.raises(ExerciseError, match="mean_rank on the ranks is"):
-        check.mean_rank(pool)
-    pool.exec("squares = [1, 0]")
-    with pytest.raises(ExerciseError, match="HINT: the right values in the wrong order"):
-        check.squares(pool)
-    pool.exec("squares = [torch.tensor([r * r]) for r in range(world_size)]")  # tensors are fine
-    check.squares(pool)
-    assert "✓ squares = [0, 1]" in capsys.readouterr().out
+def test_break_even_inputs_and_the_verdict_read_the_same_quantity():
+    from labutils.solutions import lab07 as solution
+    inputs = measure.break_even_inputs(_data(start_s=5.0))
+    assert inputs == {"start_s": 5.0, "launch_s": 5.0, "roundtrip_s": 0.004}
+    assert solution.break_even(**inputs) == 2 and lab_claims.roundtrip_verdicts(_data(start_s=5.0))[1].verdict == "TRUE"
+    assert solution.break_even(**measure.break_even_inputs(_data(start_s=15.0))) == 4
+    assert lab_claims.roundtrip_verdicts(_data(start_s=15.0))[1].verdict == "FALSE"
+    assert measure.break_even_inputs({k: v for k, v in _data().items() if k != "start_s"}) is None
 
 
-def _exercise_cells() -> dict:
-    """The notebook's two exercise cells, ``{grade_id: (instructor's text, student's text)}``; the student's
-    is what nbgrader's own ClearSolutions makes of it (with the course's stub)."""
+# ---- exercise 1: all_agree on 3 ranks; three states and wrong-but-plausible answers ------------------
+@pytest.fixture(scope="module")
+def pool3():
+    with RankPool(world_size=3, backend="gloo", timeout=60, output="quiet") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def nb():
+    """The notebook's two exercise functions (the instructor's edition), as the learner reads them."""
+    import types
+
     import jupytext
-    import nbformat
-    ClearSolutions = pytest.importorskip("nbgrader.preprocessors").ClearSolutions
     src = Path(__file__).resolve().parent.parent / "notebooks" / "src" / "07_interactive_ranks.py"
-    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in jupytext.read(src).cells
-             if c.metadata.get("nbgrader", {}).get("solution")}
-    student = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells.values()])
-    clear = ClearSolutions(code_stub={"python": "# ✍ YOUR CODE HERE\nraise NotImplementedError()"})
-    student, _ = clear.preprocess(student, {})
-    return {gid: (c.source, s.source) for (gid, c), s in zip(cells.items(), student.cells)}
+    ns: dict = {}
+    for c in jupytext.read(src).cells:
+        if c.metadata.get("nbgrader", {}).get("grade_id") in ("all_agree", "break_even"):
+            exec(compile(c.source, f"<07 {c.metadata['nbgrader']['grade_id']}>", "exec"), ns)
+    return types.SimpleNamespace(**ns)
 
 
-@pytest.fixture()
-def shell(pool):
-    """An IPython shell whose %%ranks drives the module's pool (left running at the end)."""
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-    ip = get_ipython() or start_ipython()
-    ip.run_line_magic("load_ext", "labutils")
-    ip.user_ns["pool"] = pool
-    ip.run_line_magic("ranks", "use pool")
-    yield ip
-    ip.magics_manager.registry["RanksMagics"].pool = None  # unloading must not close the module's pool
-    ip.run_line_magic("unload_ext", "labutils")
+def _flag_tensor(flag):
+    return torch.tensor([1 if flag else 0], dtype=torch.int32)
 
 
-def _run(ip, cell: str) -> None:
-    magic, _, body = cell.partition("\n")
-    assert magic.startswith("%%ranks")
-    ip.run_cell_magic("ranks", magic[len("%%ranks"):].strip(), body)
+def own_flag(flag):
+    return bool(flag)
 
 
-def test_exercise_cells_in_their_three_states(shell, capsys):
-    """The notebook's own cells: the student's stub (nbgrader's) runs on, "not attempted" from the cell and
-    the checker; the instructor's answer passes; a wrong answer in the cell fails with the checker's HINT."""
-    cells = _exercise_cells()
-    assert set(cells) == {"mean_rank", "squares"}
-    for gid, (instructor, student) in cells.items():
-        assert "### BEGIN SOLUTION" in instructor and "dist." in instructor
-        assert "raise NotImplementedError()" in student and "dist." not in student
-        _run(shell, student)  # does not raise
-        getattr(check, gid)(shell.user_ns["pool"])
-        out, err = capsys.readouterr()
-        assert "not attempted: this cell raises NotImplementedError on every rank" in err
-        assert f"… not attempted: {gid} is still None on every rank" in err and "✓" not in out
-        _run(shell, instructor)
-        getattr(check, gid)(shell.user_ns["pool"])
-        assert f"✓ {gid} = " in capsys.readouterr().out
-    _run(shell, cells["mean_rank"][0].replace("t.item() / world_size", "t.item()"))  # forgot to divide
-    with pytest.raises(ExerciseError, match="HINT: that is the sum"):
-        check.mean_rank(shell.user_ns["pool"])
-    _run(shell, cells["squares"][0].replace("dist.all_gather(parts, mine)", "parts[rank] = mine"))
-    with pytest.raises(ExerciseError, match=r"squares on the ranks is \[\[0, 0\], \[0, 1\]\]"):
-        check.squares(shell.user_ns["pool"])
+def rank0_decides(flag):
+    t = _flag_tensor(flag)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def any_rank(flag):
+    t = _flag_tensor(flag)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def sum_then_min(flag):
+    t = _flag_tensor(flag)
+    dist.all_reduce(t)                              # right, but ...
+    u = _flag_tensor(flag)
+    dist.all_reduce(u, op=dist.ReduceOp.MIN)        # ... a second collective for nothing
+    return bool(u.item())
+
+
+def gathers_everything(flag):
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)
+
+
+def returns_a_tensor(flag):
+    return "yes" if flag else "no"
+
+
+def stub_agree(flag):
+    raise NotImplementedError()
+
+
+def test_all_agree_solution_passes_and_is_usable(nb, pool3, capsys):
+    check.all_agree(nb.all_agree, pool=pool3)
+    out = capsys.readouterr().out
+    assert "✓ all_agree: the same, right answer on all 3 ranks for all 8 patterns" in out and "one all_reduce" in out
+    assert check.usable_all_agree(nb.all_agree) is nb.all_agree
+
+
+def test_all_agree_stub_is_not_attempted_and_the_stand_in_agrees(pool3, capsys):
+    check.all_agree(stub_agree, pool=pool3)
+    out, err = capsys.readouterr()
+    assert "… not attempted: all_agree still raises NotImplementedError" in err and "✓" not in out
+    standin = check.usable_all_agree(stub_agree)
+    assert standin is check.standin_all_agree and "all_gather_object" in capsys.readouterr().err
+    assert pool3.run(lambda rank, world_size: standin(rank != 1), output="quiet") == [False] * 3
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (own_flag, "each rank returned its own flag"),
+    (rank0_decides, "every rank returned rank 0's flag (a broadcast)"),
+    (any_rank, "that is 'any rank is True'"),
+    (sum_then_min, "one all_reduce of one number is enough"),
+    (gathers_everything, "a broadcast or gather moves more"),
+    (returns_a_tensor, "return a Python bool"),
+], ids=lambda x: getattr(x, "__name__", "hint"))
+def test_all_agree_wrong_but_plausible_answers_fail_with_their_hint(pool3, fn, hint):
+    with pytest.raises(ExerciseError, match=re.escape(hint)):
+        check.all_agree(fn, pool=pool3)
+
+
+# ---- exercise 2: break_even, derived ----------------------------------------------------------------
+def test_break_even_three_states(nb, capsys):
+    check.break_even(nb.break_even, {"start_s": 2.3, "launch_s": 5.1, "roundtrip_s": 0.003})
+    assert "✓ break_even: the first experiment from which the pool costs no more, on 7 cases" in capsys.readouterr().out
+
+    def stub(start_s, launch_s, roundtrip_s, work_s=0.0):
+        raise NotImplementedError()
+    check.break_even(stub)
+    out, err = capsys.readouterr()
+    assert "… not attempted: break_even still raises NotImplementedError" in err and "✓" not in out
+
+
+@pytest.mark.parametrize("fn,hint", [
+    (lambda s, l, r, w=0.0: s / (l - r), "round it up (math.ceil)"),
+    (lambda s, l, r, w=0.0: math.ceil(s / l), "the pool pays a round trip per experiment too"),
+    (lambda s, l, r, w=0.0: math.ceil(s / (l + w - r)), "the work is paid the same way by both"),
+    (lambda s, l, r, w=0.0: math.floor(s / (l - r)), "round the ratio up"),
+    (lambda s, l, r, w=0.0: 1, "write both costs for k experiments"),
+], ids=["exact-ratio", "no-round-trip", "work-not-cancelled", "floor", "always-one"])
+def test_break_even_wrong_but_plausible_answers_fail_with_their_hint(fn, hint):
+    with pytest.raises(ExerciseError, match=re.escape(hint)):
+        check.break_even(fn)

@@ -1,17 +1,19 @@
-"""Reference solutions for lab 07's exercises: ``%%ranks`` cells, as the text each rank runs. Peek only
-after trying!"""
+"""Reference solutions for lab 07's exercises. Peek only after trying!"""
+import math
 
-# Exercise 1: every rank ends with the mean of all ranks' ``rank``, from one all_reduce (SUM, then divide).
-MEAN_RANK = """\
-t = torch.tensor([float(rank)], device=device)
-dist.all_reduce(t)
-mean_rank = t.item() / world_size
-"""
+import torch
+import torch.distributed as dist
 
-# Exercise 2: every rank ends with [0, 1, 4, ...], every rank's rank ** 2 in rank order, from one all_gather.
-SQUARES = """\
-mine = torch.tensor([rank ** 2], device=device)
-parts = [torch.zeros_like(mine) for _ in range(world_size)]
-dist.all_gather(parts, mine)
-squares = [int(p.item()) for p in parts]
-"""
+
+def all_agree(flag) -> bool:
+    """True on every rank exactly when every rank's ``flag`` is True: one all_reduce of one number (MIN)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def break_even(start_s, launch_s, roundtrip_s, work_s=0.0) -> int:
+    """Smallest k with start + k (roundtrip + work) <= k (launch + work): k >= start / (launch - roundtrip);
+    the work cancels."""
+    return max(1, math.ceil(start_s / (launch_s - roundtrip_s) - 1e-12))

@@ -12,8 +12,8 @@
 # **GPUs needed for the live path:** 2 (NCCL, one GPU per rank). Everything here also runs live on CPU
 # ranks (gloo); only the 2×H200 round-trip numbers are shown as a recording there.
 #
-# **Time:** 20 min of study (two exercises on the ranks); about 15 s to run on 2×H200, about 8 s on a
-# 2-core CPU.
+# **Time:** 30 min of study (two exercises: an agreement every rank reaches, checked on 3 ranks; the pool's
+# break-even, derived); under 30 s to run on 2×H200, under 90 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -40,6 +40,10 @@ print(f"mode: {MODE}\nfingerprint: {HW.fingerprint()}")
 
 # %% [markdown]
 # ## 1 · Why a pool?
+#
+# Lab 02 already ran its experiments in a `RankPool`, taking it as given. This lab looks inside it: what a round
+# trip costs and when it pays, the `%%ranks` magic that drives every rank from a cell, and what becomes of the
+# ranks when one of them raises, is interrupted or hangs.
 #
 # `labutils.launch(fn)` starts fresh processes every time: process start, `import torch`, joining the
 # process group (and, under NCCL, building the communicator). Then `fn` runs, and everything is torn down.
@@ -137,8 +141,8 @@ fig
 # The table's "pickling fn" row is that serialisation alone, measured in the notebook; compare it with
 # the difference between the two round trips. What it does not cover happens on the ranks: each one
 # unpickles the function (rebuilding its code object and looking up its globals) where a cell is compiled
-# from its text. The verdict asks for a fifth more, beyond the wobble of a median of a few dozen round
-# trips, before it calls text the cheaper way.
+# from its text. Which of the two is cheaper, and by how much, the table's two round-trip rows say for each
+# machine; neither is a reason to choose one, since both are far below a launch.
 #
 # Use `launch` for measurements that must start clean and for final results; use the pool while iterating.
 
@@ -203,43 +207,84 @@ x.sum().item()
 # %% [markdown]
 # ## 3 · Exercises
 #
-# Both are `%%ranks` cells; the checker below each fetches your variable from every rank. Left as its stub
-# (`raise NotImplementedError()` on every rank), the cell says "not attempted", the variable stays `None`,
-# the checker says so (no points) and the notebook goes on.
+# **Exercise 1: a decision every rank takes together.** Section 4 shows what happens when one rank calls a
+# collective that another skips: the caller waits forever. It happens in real code whenever ranks decide a branch
+# on their *own* data — "skip this step if my loss is NaN", "stop when my loss is below the target" — since ranks
+# hold different data. The cure is to decide together. Write `all_agree(flag)`, called by every rank with its own
+# `flag`, that returns the same Python `bool` on every rank: True exactly when every rank's flag is True. Use one
+# collective; think about which reduction is 0 as soon as one flag is 0. Its tensor must live where the backend
+# wants it: `cuda` under NCCL, `cpu` under gloo.
 #
-# **Exercise 1.** Complete the cell so that every rank ends with `mean_rank`, a Python float holding the mean of
-# all ranks' `rank`, computed with one `dist.all_reduce` (use `device` for the tensor).
+# The checker runs it on 3 gloo ranks (with 2, "rank 0 decides" and "every rank" are too easily confused) for all
+# 8 patterns of flags, and reads the ledger: one `all_reduce`, on every rank.
 
-# %% nbgrader={"grade": false, "grade_id": "mean_rank", "locked": false, "schema_version": 3, "solution": true}
-%%ranks
-mean_rank = None  # ✍ your code: all_reduce a tensor holding this rank's `rank`, then divide
-### BEGIN SOLUTION
-t = torch.tensor([float(rank)], device=device)
-dist.all_reduce(t)
-mean_rank = t.item() / world_size
-### END SOLUTION
+# %% nbgrader={"grade": false, "grade_id": "all_agree", "locked": false, "schema_version": 3, "solution": true}
+def all_agree(flag) -> bool:
+    """Every rank calls it with its own flag; True on every rank exactly when every flag is True."""
+    # ✍ your code here: one collective on a one-element tensor
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab07 as solution  # the instructor's edition: the reference answer
+    return solution.all_agree(flag)
+    ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "check_mean_rank", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-check.mean_rank(pool)
 
-# %% [markdown]
-# **Exercise 2.** Make `squares` a list, on every rank, of every rank's `rank ** 2` in rank order, with one
-# `dist.all_gather`.
-
-# %% nbgrader={"grade": false, "grade_id": "squares", "locked": false, "schema_version": 3, "solution": true}
-%%ranks
-squares = None  # ✍ your code: all_gather a one-element tensor holding rank ** 2
-### BEGIN SOLUTION
-mine = torch.tensor([rank ** 2], device=device)
-parts = [torch.zeros_like(mine) for _ in range(world_size)]
-dist.all_gather(parts, mine)
-squares = [int(p.item()) for p in parts]
-### END SOLUTION
-
-# %% nbgrader={"grade": true, "grade_id": "check_squares", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-check.squares(pool)
+# %% nbgrader={"grade": true, "grade_id": "check_all_agree", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+check.all_agree(all_agree)
 
 # %% [markdown]
+# **Use it** in the pool: push the function to the ranks and let a rank find a NaN in its `x`. Every rank asks
+# the same question, so every rank takes the same branch and the `all_reduce` is called by all or by none
+# (until you write `all_agree`, a stand-in does the agreeing, and says so).
+
+# %%
+agree = check.usable_all_agree(all_agree)
+%ranks push agree
+
+# %%
+%%ranks
+update = x.clone()
+if rank == world_size - 1:
+    update[0] = float("nan")       # this rank's data went bad
+healthy = bool(torch.isfinite(update).all())
+do_step = agree(healthy)           # the same answer on every rank
+if do_step:
+    dist.all_reduce(update)
+print(f"healthy here: {healthy}; step taken: {do_step}")
+
+# %% [markdown]
+# **Exercise 2: when does the pool pay?** Section 1 wrote the two costs of $k$ experiments, each doing work
+# $T_\text{work}$: fresh launches $k\,(T_\text{launch} + T_\text{work})$, the pool
+# $T_\text{start} + k\,(T_\text{round trip} + T_\text{work})$. Derive the smallest whole number of experiments
+# from which the pool costs no more than launches, and write it as
+# `break_even(start_s, launch_s, roundtrip_s, work_s)`. The checker tries it on fixed cases and on this machine's
+# own measurement from section 1; the verdict "the pool is cheaper than fresh launches from the second
+# experiment on" reads the same quantity.
+
+# %% nbgrader={"grade": false, "grade_id": "break_even", "locked": false, "schema_version": 3, "solution": true}
+def break_even(start_s, launch_s, roundtrip_s, work_s=0.0):
+    """The smallest whole k >= 1 with T_start + k (T_roundtrip + T_work) <= k (T_launch + T_work)."""
+    # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab07 as solution  # the instructor's edition: the reference answer
+    return solution.break_even(start_s, launch_s, roundtrip_s, work_s)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_break_even", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+MEASURED = measure.break_even_inputs(here)
+check.break_even(break_even, MEASURED)
+
+# %% tags=["nbval-ignore-output"]
+for name, data in sources.items():
+    inputs = measure.break_even_inputs(data)
+    if inputs:
+        try:
+            k = break_even(**inputs)
+        except NotImplementedError:
+            k = "(not written yet)"
+        print(f"{name}: start {inputs['start_s']:.2f} s, launch {inputs['launch_s']:.2f} s, round trip "
+              f"{inputs['roundtrip_s'] * 1e3:.2f} ms -> the pool pays from experiment {k}")
+
 # ## 4 · When a rank fails
 #
 # **An exception** in one rank comes back as `RankError` with *that rank's* traceback (the cell's own line,

@@ -33,3 +33,15 @@ def test_sweeps_and_topology_feed_every_verdict():
     verdicts = lab_claims.all_verdicts(local, peer)
     assert len(verdicts) >= 4 and all(v.verdict in ("TRUE", "FALSE") for v in verdicts)
     assert measure.topology_rows(topo)["nvidia-smi topo -m, GPU0-GPU1"] == (topo["link"] or "no GPU pair")
+
+
+@needs_gpus(2)
+def test_two_way_sweep_feeds_the_duplex_verdict():
+    sizes = [2**k for k in range(12, 29, 2)]   # 4 KiB ... 256 MiB
+    data = measure.measure_bidirectional(sizes, repeat=3)
+    assert json.loads(json.dumps(data)) == data
+    assert set(data["time_ms"]) == set(measure.BIDIRECTIONAL_KINDS)
+    assert all(t > 0 for kind in measure.BIDIRECTIONAL_KINDS for t in data["time_ms"][kind])
+    assert data["copies"] == [measure.copies_for(s) for s in sizes]
+    verdicts = lab_claims.duplex_verdicts(data)
+    assert len(verdicts) == 1 and verdicts[0].verdict in ("TRUE", "FALSE")

@@ -123,3 +123,73 @@ def measure_peer(sizes: Sequence[int], info: HardwareInfo | None = None) -> dict
     out["peer_access"] = bool(torch.cuda.can_device_access_peer(0, 1))
     out["topology"] = topology(info or describe())
     return out
+
+
+BOTH = "both at once"
+BIDIRECTIONAL_KINDS = (*PEER_KINDS, BOTH)
+
+
+def copies_for(size_bytes: int) -> int:
+    """Back-to-back copies in one sample of the two-way sweep: enough that the host's synchronize and
+    clock read are small next to them, few for GiB copies."""
+    return 20 if size_bytes <= 2**22 else (10 if size_bytes <= 2**26 else 4)
+
+
+def measure_bidirectional(sizes: Sequence[int], repeat: int = 5) -> dict:
+    """GPU0 -> GPU1 alone, GPU1 -> GPU0 alone, and both at once (needs 2 GPUs): does the pair carry
+    both directions at the same time at the speed of one?
+
+    Each direction has its own pair of streams (one on each GPU): PyTorch runs a copy between GPUs on
+    the source GPU's current stream and makes the other GPU's current stream wait for it, so two copies
+    on the default streams would run one after the other. One sample: synchronise both GPUs, read the
+    host clock, issue ``copies_for(size)`` copies (of each direction, for ``BOTH``), synchronise both,
+    read the clock; time / copies. This is nccl-tests' way (a host clock after a synchronize), which a
+    region spanning two devices needs; the one-way copies are timed the same way so that the ratio
+    compares like with like. The median of ``repeat`` samples, after two untimed rounds.
+
+    Returns:
+        ``{"size_bytes": [...], "time_ms": {kind: [...]}, "gbps": {kind: [...]}, "copies": [...]}``,
+        kinds ``BIDIRECTIONAL_KINDS``; for ``BOTH`` the time is per pair of copies and the bandwidth
+        per direction.
+    """
+    import statistics
+
+    import torch
+    devices = (torch.device("cuda", 0), torch.device("cuda", 1))
+    streams = {PEER_KINDS[0]: [torch.cuda.Stream(d) for d in devices],
+               PEER_KINDS[1]: [torch.cuda.Stream(d) for d in devices]}
+    host = timing.Clock("cpu")
+
+    def sync():
+        for d in devices:
+            torch.cuda.synchronize(d)
+
+    out = {"size_bytes": list(map(int, sizes)), "time_ms": {k: [] for k in BIDIRECTIONAL_KINDS},
+           "gbps": {k: [] for k in BIDIRECTIONAL_KINDS}, "copies": []}
+    for s in sizes:
+        bufs = {kind: _buffers(kind, s) for kind in PEER_KINDS}
+        k = copies_for(s)
+
+        def issue(kinds):
+            for _ in range(k):
+                for kind in kinds:
+                    dst, src = bufs[kind]
+                    s0, s1 = streams[kind]
+                    with torch.cuda.stream(s0), torch.cuda.stream(s1):
+                        dst.copy_(src, non_blocking=True)
+
+        for kind, kinds in ((PEER_KINDS[0], PEER_KINDS[:1]), (PEER_KINDS[1], PEER_KINDS[1:]), (BOTH, PEER_KINDS)):
+            samples = []
+            for i in range(repeat + 2):
+                sync()
+                start = host.mark()
+                issue(kinds)
+                sync()
+                if i >= 2:   # two untimed rounds first
+                    samples.append(host.elapsed_ms(start, host.mark()) / k)
+            t = statistics.median(samples)
+            out["time_ms"][kind].append(t)
+            out["gbps"][kind].append(algbw_gbps(s, t))
+        out["copies"].append(k)
+        del bufs
+    return out

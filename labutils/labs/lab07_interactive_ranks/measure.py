@@ -68,3 +68,12 @@ def table(sources: dict):
             "modules imported in the notebook": d.get("modules", nan),
             "launch / pool.run": round(m["launch_ms"] / m["pool_ms"])}
     return pd.DataFrame(cols)
+
+
+def break_even_inputs(data: dict) -> dict | None:
+    """``{"start_s", "launch_s", "roundtrip_s"}`` (medians) of a round-trip measurement, for the break-even
+    exercise; None for an older recording without the pool's start."""
+    if not data.get("start_s"):
+        return None
+    m = medians(data)
+    return {"start_s": data["start_s"], "launch_s": m["launch_ms"] / 1e3, "roundtrip_s": m["pool_ms"] / 1e3}
