@@ -115,3 +115,55 @@ def test_folded_verdicts_are_not_judged_and_the_appendix_ones_are():
     assert [v.verdict for v in CLAIMS[("06_alpha_split",)](_data("06_alpha_split"))] == ["FALSE"]
     assert [v.verdict for v in CLAIMS[("06_graph_capture",)](_data("06_graph_capture"))] == ["FALSE"]
     assert len(CLAIMS["06_alpha_split"](_data("06_alpha_split"))) == 2
+
+
+# ----------------------------------------------------------------------------- small exchanges, every small size
+def _p2p(data: dict, coll: str, size: int) -> dict:
+    return next(r for r in data["rows"] if r["collective"] == coll and r["size_bytes"] == size)
+
+
+def test_small_exchange_twice_one_way_is_judged_at_every_small_size():
+    """At 8 B the recorded exchange costs more than twice one way, at 32 B to 8 KiB well under 1.5x: "a small
+    exchange costs about twice one way" is FALSE on the sweep; TRUE only where every size up to 32 KiB is."""
+    sweep, graph = _data("06_bench_sweep"), _data("06_bench_graph")
+    duplex = CLAIMS[("06_bench_sweep", "06_bench_graph")]
+    eager, replayed = duplex(sweep, graph)
+    assert eager.verdict == "FALSE" and eager.figure.startswith("worst 1.32 at 8 KiB") and "8 B 2.62" in eager.figure
+    assert replayed.verdict == "TRUE" and "32 KiB" in replayed.figure and "2 MiB" not in replayed.figure
+    twice = copy.deepcopy(sweep)
+    for size in (8, 32, 128, 512, 2048, 8192, 32768):
+        _p2p(twice, "send_recv", size)["time_us"] = 1.8 * _p2p(twice, "send_one_way", size)["time_us"]
+    assert duplex(twice, graph)[0].verdict == "TRUE"
+    slow = copy.deepcopy(graph)
+    _p2p(slow, "send_recv", 4096)["time_us"] = 1.3 * _p2p(slow, "send_one_way", 4096)["time_us"]
+    assert duplex(sweep, slow)[1].verdict == "FALSE"
+
+
+def test_middle_sizes_cost_more_at_every_size_of_the_range():
+    duplex = _data("06_duplex")
+    v = CLAIMS["06_duplex"](duplex)[0]
+    assert v.verdict == "TRUE" and v.figure.startswith("worst 1.19 at 256 MiB")
+    flat = copy.deepcopy(duplex)
+    _p2p(flat, "send_recv", 2**28)["time_us"] = 1.05 * _p2p(flat, "send_one_way", 2**28)["time_us"]
+    assert CLAIMS["06_duplex"](flat)[0].verdict == "FALSE"   # the median over the range would still pass
+
+
+# ----------------------------------------------------------------------------- predictions, every op
+def test_the_one_way_fit_must_predict_every_op_of_lab_04():
+    sweep, lab04 = _data("06_bench_sweep"), _data("04_comm_summary")
+    fn = CLAIMS[("06_bench_sweep", "04_comm_summary")]
+    v = fn(sweep, lab04)[0]
+    assert v.verdict == "TRUE" and v.figure.startswith("worst 0.24 at pipeline gradient send 4 MiB")
+    off = copy.deepcopy(lab04)
+    op = next(o for o in off["ops"] if o["size_bytes"] == 2**26)
+    op["measured_ms"] *= 0.6                 # one op measured far below its prediction; the median barely moves
+    assert fn(sweep, off)[0].verdict == "FALSE"
+
+
+def test_the_device_fit_must_predict_every_transfer_of_lab_02():
+    sweep, graph, lab02 = _data("06_bench_sweep"), _data("06_bench_graph"), _data("02_comm_summary")
+    fn = CLAIMS[("06_bench_sweep", "06_bench_graph", "02_comm_summary")]
+    assert [x.verdict for x in fn(sweep, graph, lab02)] == ["TRUE"]
+    off = copy.deepcopy(lab02)
+    off["ops"][0]["kernel_ms"] *= 2.0
+    assert [x.verdict for x in fn(sweep, graph, off)] == ["FALSE"]

@@ -84,7 +84,7 @@ def _sweep(small_ratio=2.0, large_ratio=1.1, bare=1.02, graph_latency=None, wron
             t = alpha + s / (beta * 1e3)
             if coll == "send_recv":
                 one = 50 + s / 400e3
-                t = one * (small_ratio if s == sizes[0] else large_ratio if s == sizes[-1] else 1.5)
+                t = one * (small_ratio if s <= lab_claims.SMALL_BYTES else large_ratio if s == sizes[-1] else 1.5)
             rows.append(_row(coll, s, t, bare_us=t / bare if s == sizes[0] else None, wrong=wrong))
     cfg = bconfig.BenchConfig(collectives=("all_reduce", "send_one_way", "send_recv")).to_dict()
     meta = {"world_size": 2, "backend": "nccl", "config": cfg, "nodes": 1, "torch_version": "x", "devices": []}
@@ -115,6 +115,13 @@ def test_sweep_graph_and_duplex_verdicts_follow_their_thresholds():
     v = [x.verdict for x in duplex(_sweep(2.0, 1.1), _sweep(1.05))]
     assert v == ["TRUE", "TRUE"]
     assert [x.verdict for x in duplex(_sweep(1.2, 1.4), _sweep(1.6))] == ["FALSE", "FALSE"]
+    # "small" is every size up to 32 KiB: one of them below "about twice" makes it FALSE
+    one_off = _sweep(2.0)
+    row = next(r for r in one_off["rows"] if r["collective"] == "send_recv" and r["size_bytes"] == 2**10)
+    row["time_us"] = 1.2 * next(r["time_us"] for r in one_off["rows"]
+                                if r["collective"] == "send_one_way" and r["size_bytes"] == 2**10)
+    v = duplex(one_off, _sweep(1.05))[0]
+    assert v.verdict == "FALSE" and v.figure.startswith("worst 1.2 at 1 KiB") and "8 B 2" in v.figure
 
 
 def _large(ratios, first=2**26):
@@ -135,9 +142,10 @@ def test_large_duplex_verdicts_judge_the_middle_and_the_largest_size():
     large = CLAIMS["06_duplex"]
     v = large(_large([1.31, 1.25, 1.21, 1.05, 1.04]))
     assert [x.verdict for x in v] == ["TRUE", "TRUE"]
-    assert v[0].claim.startswith("from 64 MiB to 256 MiB") and "median 1.25 over 3 sizes" in v[0].figure
+    assert v[0].claim.startswith("from 64 MiB to 256 MiB") and v[0].figure.startswith("worst 1.21 at 256 MiB")
     assert "1 GiB 1.04" in v[0].figure and v[1].claim.startswith("the link is full duplex: at 1 GiB")
     assert [x.verdict for x in large(_large([1.05, 1.04, 1.02, 1.3, 1.4]))] == ["FALSE", "FALSE"]
+    assert [x.verdict for x in large(_large([1.31, 1.25, 1.08, 1.05, 1.04]))] == ["FALSE", "TRUE"]  # one size misses
     assert [x.verdict for x in large(_large([1.12, 1.11]))] == ["FALSE"]   # no size is a quarter of the largest
     assert large(_large([1.0])) == [] and large(_sweep()) != []           # one size: nothing to judge
     assert lab_claims.middle_sizes([(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0)]) == [(1, 1.0), (2, 1.0)]

@@ -6,7 +6,7 @@ thresholds are module constants; the notebook says why each is what it is.
 """
 from __future__ import annotations
 
-import statistics
+import dataclasses
 
 from ... import claims
 from ...bandwidth import format_size
@@ -26,6 +26,7 @@ TWICE = 1.5                        # "about twice": closer to 2 than to 1
 FULL_DUPLEX = 1.10                 # large messages, "about one way": within 10% (the copy engines: a few %)
 MORE = 1.10                        # "costs more": by more than 10%, several times the spread of 5 samples
 PREDICT_TOL = 0.25                 # a prediction within 25% of the measurement
+SMALL_BYTES = 32 * 2**10           # "small": up to 32 KiB (section 9's small size), where the host sets the pace
 
 
 def sweep_doc(data: dict) -> dict:
@@ -83,22 +84,22 @@ def graph_verdicts(data: dict) -> list[claims.Verdict]:
                          points, "<=", GRAPH_LATENCY_US, unit=" us")]
 
 
+def small_sizes(ratios: list[tuple[int, float]]) -> dict[str, float]:
+    """``{size label: ratio}`` at the sizes a sweep measured up to ``SMALL_BYTES``."""
+    return {format_size(s): r for s, r in ratios if s <= SMALL_BYTES}
+
+
 def duplex_verdicts(sweep: dict, graph: dict) -> list[claims.Verdict]:
-    """Small messages: eager (the sweep's smallest size) and replayed from a CUDA graph."""
+    """Small messages, at every size up to ``SMALL_BYTES`` the sweeps measured: eager and replayed."""
     out = []
-    eager = both_over_one_way(sweep_doc(sweep))
+    eager = small_sizes(both_over_one_way(sweep_doc(sweep)))
     if eager:
-        small, r_small = eager[0]
-        out.append(claims.at_least("launched eagerly, a small exchange both ways costs about twice one way",
-                                   r_small, TWICE,
-                                   figure=f"send_recv / send_one_way = {r_small:.2f} at {format_size(small)}"))
-    replayed = both_over_one_way(sweep_doc(graph))
+        out.append(claims.every(f"launched eagerly, a small exchange (up to {format_size(SMALL_BYTES)}) both ways "
+                                "costs about twice one way (send_recv / send_one_way)", eager, ">=", TWICE))
+    replayed = small_sizes(both_over_one_way(sweep_doc(graph)))
     if replayed:
-        size, r = replayed[0]
-        out.append(claims.at_most("replayed from a CUDA graph, a small exchange both ways costs about one way",
-                                  r, DUPLEX_TOL,
-                                  figure=f"send_recv / send_one_way = {r:.2f} at {format_size(size)} "
-                                         "(CUDA graph)"))
+        out.append(claims.every(f"replayed from a CUDA graph, a small exchange (up to {format_size(SMALL_BYTES)}) "
+                                "both ways costs about one way (send_recv / send_one_way)", replayed, "<=", DUPLEX_TOL))
     return out
 
 
@@ -117,12 +118,11 @@ def large_duplex_verdicts(duplex: dict) -> list[claims.Verdict]:
     every = ", ".join(f"{format_size(s)} {r:.2f}" for s, r in ratios)
     out = []
     mid = middle_sizes(ratios)
-    if mid:
-        med = statistics.median(r for _, r in mid)
-        out.append(claims.at_least(
-            f"from {format_size(mid[0][0])} to {format_size(mid[-1][0])}, an exchange both ways costs more "
-            "than one way", med, MORE,
-            figure=f"send_recv / send_one_way: median {med:.2f} over {len(mid)} sizes ({every})"))
+    if mid:  # a claim about a range of sizes holds at each of them
+        v = claims.every(f"from {format_size(mid[0][0])} to {format_size(mid[-1][0])}, an exchange both ways costs "
+                         "more than one way (send_recv / send_one_way)", {format_size(s): r for s, r in mid},
+                         ">=", MORE)
+        out.append(dataclasses.replace(v, figure=f"{v.figure.split('; all:')[0]}; every size: {every}"))
     size, r = ratios[-1]
     out.append(claims.at_most(f"the link is full duplex: at {format_size(size)} an exchange both ways costs "
                               "about one way", r, FULL_DUPLEX,
@@ -138,7 +138,7 @@ def alpha_verdicts(data: dict) -> list[claims.Verdict]:
                        a["device_share"], DEVICE_SHARE,
                        figure=f"NCCL kernel (rank that launched last) {a['transfer_us']:.1f} us of "
                               f"{a['eager_us']:.1f} us per eager call = {a['device_share']:.0%}"),
-        claims.at_least("back to back, small all_reduces run at the pace the host issues them",
+        claims.at_least(f"back to back, {size} all_reduces run at the pace the host issues them",
                         a["host_us"] / a["eager_us"], HOST_PACE,
                         figure=f"host {a['host_us']:.1f} us to issue one call (no profiler), "
                                f"{a['eager_us']:.1f} us per call on the GPU's clock"),
@@ -160,7 +160,8 @@ def after_profiler_verdicts(data: dict) -> list[claims.Verdict]:
 def capture_verdicts(data: dict) -> list[claims.Verdict]:
     """The graph against the same loop launched eagerly, the two timed in turn, sample by sample, in one
     block (``graph_us``, ``eager_us``). (Whether the replay is right is printed beside it.)"""
-    return [claims.at_most("replayed from a CUDA graph, a small all_reduce costs at most half its eager time",
+    size = format_size(data["size_bytes"])
+    return [claims.at_most(f"replayed from a CUDA graph, a {size} all_reduce costs at most half its eager time",
                            data["graph_us"] / data["eager_us"], GRAPH_GAIN,
                            figure=f"{data['graph_us']:.1f} us per call from the graph, {data['eager_us']:.1f} us "
                                   f"eager, the two loops timed in turn ({format_size(data['size_bytes'])})")]
@@ -187,13 +188,20 @@ def lab_predictions(sweep: dict, lab: dict, default_p2p: str = analysis.BOTH_WAY
 
 
 def _prediction_verdict(claim: str, rows: list[dict]) -> claims.Verdict | None:
-    med = analysis.median_ratio(rows)
-    if med is None:
+    """``claim`` (a fit predicts a lab's calls) judged on every op the lab recorded: each prediction within
+    ``PREDICT_TOL`` of its measurement (the points are |predicted / measured - 1|)."""
+    points = {}
+    for r in rows:
+        if r["ratio"] is None:
+            continue
+        label = f"{r['what'].split(',')[0]} {format_size(r['size_bytes'])}"
+        while label in points:
+            label += "'"
+        points[label] = abs(r["ratio"] - 1.0)
+    if not points:
         return None
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    return claims.within(claim, med, 1.0, PREDICT_TOL,
-                         figure=f"predicted / measured: median {med:.2f}, range {min(ratios):.2f}-"
-                                f"{max(ratios):.2f} over {len(ratios)} ops")
+    return claims.every(f"{claim}: every op within {PREDICT_TOL:.0%} (|predicted / measured - 1|)", points, "<=",
+                        PREDICT_TOL, digits=2)
 
 
 def lab04_verdicts(sweep: dict, lab04: dict) -> list[claims.Verdict]:
@@ -241,14 +249,14 @@ def one_gpu_launch_verdicts(data: dict) -> list[claims.Verdict]:
     eager = data["eager_us"]
     share = data["device_us"] / eager
     return [
-        claims.at_most("the device's part of a small kernel's eager call is small", share, DEVICE_SHARE,
+        claims.at_most("the device's part of a tiny kernel's eager call is small", share, DEVICE_SHARE,
                        figure=f"device {data['device_us']:.2f} us (queued) of {eager:.2f} us per eager call = "
                               f"{claims.percents(share, DEVICE_SHARE)[0]} ({data['kernel']})"),
-        claims.at_least("back to back, small kernels run at the pace the host launches them",
+        claims.at_least("back to back, tiny kernels run at the pace the host launches them",
                         data["host_us"] / eager, HOST_PACE,
                         figure=f"host {data['host_us']:.2f} us to launch one, {eager:.2f} us per call on the "
                                "GPU's clock"),
-        claims.at_most("replayed from a CUDA graph, a small kernel costs at most half its eager time",
+        claims.at_most("replayed from a CUDA graph, a tiny kernel costs at most half its eager time",
                        data["graph_us"] / eager, GRAPH_GAIN,
                        figure=f"{data['graph_us']:.2f} us per kernel from the graph, {eager:.2f} us eager"),
     ]  # whether the replayed kernels are right is printed beside them
