@@ -90,8 +90,9 @@ def header_lines(doc: dict) -> list[str]:
     if cfg.get("latency", True):
         lines += [f"# {FIRST}: the table's own loop (per call of `iters` back to back, slowest rank), run once "
                   "before the table, at 8 B whatever -b is;",
-                  "#   the table's 8 B row is the same loop later in the run: the two differ only by when they ran. "
-                  "Neither is one call alone (that would also wait for its launch and a synchronize)"]
+                  "#   the table's 8 B row is the same loop later in the run, on a view of the largest buffer: the two "
+                  "differ by when they ran. Neither is one call alone (that would also wait for its launch and a "
+                  "synchronize)"]
     if not graphs and cfg.get("bare", False):
         lines.append("# bench/bare: at each collective's smallest size a bare loop of the same torch call "
                      "(nothing around it) is timed in turn with the benchmark's loop; the summary gives the "

@@ -205,7 +205,8 @@ print(f"[{SWEEP.label}]")
 #   pipelined protocols, and how many channels it runs. `benchmarks/README.md` has the full sweeps.
 # * **Two 8-byte all_reduce numbers.** The line timed first and the table's 8 B row run the same code — the
 #   table's loop, `iters` calls back to back, the slowest rank, the median of five samples — at two moments of
-#   the same ranks: first thing in the sweep, and after all_reduce's warm-up at the largest size. Neither is
+#   the same ranks: first thing in the sweep, on a buffer of its own, and after all_reduce's warm-up at the
+#   largest size, on a view of that size's buffer. Neither is
 #   the latency of one call alone, which would also wait for its own launch and a synchronize. Where they
 #   differ by more than each one's p10–p90, the rate at which a host issues small calls moved between the two
 #   moments; this lab does not split why. That is the reason every comparison in this lab times its two sides
