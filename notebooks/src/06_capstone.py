@@ -71,8 +71,8 @@ HW
 # * per size, `iters` calls **back to back**, time / iters — one call alone would mostly measure the start of
 #   the sample. How the time is taken differs. nccl-tests (`src/common.cu`, `BenchTime`): a host barrier, a
 #   host timer started, the `iters` calls issued, then `testStreamSynchronize` (it polls `cudaStreamQuery`
-#   until the stream is done) and the timer read — one such sample per size, and the ranks' times combined by
-#   `-a`: `1`, the default, their **mean**; `3` the maximum; `0` rank 0's; `2` the minimum. Ours
+#   until the stream is done) and the timer read — one such sample per size and placement, and the ranks'
+#   times combined by `-a`: `1`, the default, their **mean**; `3` the maximum; `0` rank 0's; `2` the minimum. Ours
 #   (`timing.benchmark_loops`): synchronize, barrier, synchronize, then two **CUDA events** on the rank's stream
 #   around the `iters` calls (on gloo, `perf_counter`) — so the final synchronize and the host waking up from
 #   it are not in the time; each sample taken from the **slowest rank** (nccl-tests' `-a 3`: a collective is
@@ -208,9 +208,9 @@ print(f"[{SWEEP.label}]")
 #   the same ranks: first thing in the sweep, on a buffer of its own, and after all_reduce's warm-up at the
 #   largest size, on a view of that size's buffer. Neither is
 #   the latency of one call alone, which would also wait for its own launch and a synchronize. Where they
-#   differ by more than each one's p10–p90, the rate at which a host issues small calls moved between the two
-#   moments; this lab does not split why. That is the reason every comparison in this lab times its two sides
-#   in turn, sample by sample, rather than at two moments. The prediction is compared with the table's row.
+#   differ by more than each one's p10–p90, something between the two moments changed the per-call time; this
+#   lab does not split what. That is why every comparison in this lab times its two sides in turn, sample by
+#   sample, rather than at two moments. The prediction is compared with the table's row.
 # * **bench / bare loop.** A benchmark is itself code around the call: here `case.run()` → the op's lambda →
 #   the torch function. At each collective's smallest size — where that code could matter — a bare `for`
 #   loop of the very same torch call is timed in turn with the benchmark's loop, sample by sample, and the
@@ -378,11 +378,11 @@ if ALPHA is not None:
 
 # %% [markdown]
 # The thresholds: "a small part" is at most a quarter of the call, and "at the host's pace" means that issuing
-# a call takes at least 80% of the time a call takes. Both verdicts use the times measured before the profiler
-# started (the table's first two rows), in fresh ranks. In the trace (the files above, in Perfetto) the host's lane shows one `c10d::allreduce_` per call; the
+# a call takes at least 80% of the time a call takes. Both use the times measured before the profiler started
+# (the table's first two rows), in fresh ranks. In the trace (the files above, in Perfetto) the host's lane shows one `c10d::allreduce_` per call; the
 # GPU's lane shows each call's NCCL kernel — short on the rank that launched last, longer on a rank that
 # launched earlier and waited — and, between kernels, the time the GPU sat idle until the next launch. Where
-# the first two verdicts are TRUE, α of a small message is the host's cost of a call rather than a property of
+# the two verdicts are TRUE, α of a small message is the host's cost of a call rather than a property of
 # NVLink: it then depends on the CPU, on Python, and on how much bookkeeping each call carries. The rule for
 # the rest of the lab: a comparison times both of its sides in the same block, in turn, or says which eager
 # time it uses (the appendix shows why).
@@ -910,8 +910,8 @@ claims.table(VERDICTS)
 # * The α of a small eager collective has two parts, the host's cost of a call and the GPU's work; the profiler
 #   separates them, and a CUDA graph keeps only the second. Which one matters depends on whether your step
 #   launches its collectives one by one.
-# * The same loop timed at two moments of one process can differ by more than its spread at either (the line
-#   timed first against the table's 8 B row): a comparison times both its sides in turn in one block.
+# * The line timed first and the table's 8 B row are one loop at two moments: whatever separates them is not
+#   the collective. A comparison times both its sides in turn, in one block.
 # * A link that carries both directions at once does not make an exchange free: each rank issues two
 #   operations, and NCCL splits each block's warps between them, on a number of channels that grows with the
 #   message. Whether both ways costs more than one way depends on the size — section 7's verdicts say where.

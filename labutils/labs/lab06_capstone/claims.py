@@ -134,7 +134,7 @@ def alpha_verdicts(data: dict) -> list[claims.Verdict]:
     a = analysis.alpha_split(data["ranks"])
     size = format_size(data["size_bytes"])
     out = [
-        claims.at_most(f"alpha is mostly host overhead: the NCCL kernel is a small part of a {size} all_reduce",
+        claims.at_most(f"a {size} all_reduce's time is mostly the host's: the NCCL kernel is a small part of it",
                        a["device_share"], DEVICE_SHARE,
                        figure=f"NCCL kernel (rank that launched last) {a['transfer_us']:.1f} us of "
                               f"{a['eager_us']:.1f} us per eager call = {a['device_share']:.0%}"),
