@@ -18,8 +18,8 @@
 # the measurements that need more GPUs than the machine has are the ones recorded by this notebook's own code,
 # labelled **RECORDED**.
 #
-# **Time:** 75 min of study (about 25 min of reading, 15 for the tables and verdicts, six predictions, two
-# exercises; the optional appendix 5 min more); about 30 s to run on 2×H200, about 7 s on a 2-core CPU.
+# **Time:** 75 min of study (26 min of reading, 15 for the tables and verdicts, 12 for six predictions, 22 for
+# two exercises; the optional appendix 5 min more); about 30 s to run on 2×H200, about 7 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
@@ -475,12 +475,10 @@ if CAPTURE is not None:
 # The benchmark does the same for every collective and size with `-G N` (nccl-tests' `--cudagraph`): each
 # point's `iters` calls are captured once and replayed N times per sample, and the results are checked after
 # replaying a captured call. Here a graph sweep of all_reduce and the two send/recv forms, 8 B to 128 MiB, with
-# the settings of the benchmark's recorded graph run (`-G 20`, five samples a point: a sample's one-off costs,
-# its two events and the first replay, spread over 20 replays of `iters` calls) — section 8 fits the device's
-# time per call from it; the header says what a time is, and the two lines timed first put the eager and the
-# replayed 8-byte all_reduce side by side. This sweep runs in the same ranks, after the capture (never under a
-# profiler); `benchmarks/bench_graph_2xH200.txt` has the same command in fresh ranks. What the replay keeps is
-# the device's time per call — the kernel, and the graph's own launch of it.
+# the settings of the benchmark's recorded graph run (`-G 20`, five samples a point) — section 8 fits the
+# device's time per call from it: the kernel, and the graph's own launch of it. The header says what a time
+# is; the two lines timed first put the eager and the replayed 8-byte all_reduce side by side. It runs in the
+# same ranks, after the capture; `benchmarks/bench_graph_2xH200.txt` has the same command in fresh ranks.
 
 # %% tags=["nbval-ignore-output"]
 GRAPH_CFG = BenchConfig(minbytes=8, maxbytes=128 * 2**20, stepfactor=8, repeat=5, cuda_graph=20,
@@ -605,12 +603,11 @@ my_prediction_ratio_large = None   # ✍ the same at 1 GiB
 # %% [markdown]
 # The sweep of section 3 steps by 4, so its large sizes are few. The cell below times the two forms from
 # 64 MiB to 1 GiB in steps of 2, five samples a point — the benchmark of section 1 with
-# `-b 64M -e 1G -f 2 --collectives send_recv,send_one_way --no-bare`, less the 8-byte latency line — on ≥ 2
-# GPUs (up to 256 MiB where a GPU has less than 24 GiB: the sweep holds about five times its largest size per
-# rank); elsewhere the recording this cell made on 2×H200, labelled. Its eager calls run in the same ranks
-# after the capture (the appendix says what that can change, and only where the host sets the pace). Two
-# cross-checks are in the outputs: this sweep and section 3's (before the capture) share 128 MiB and 512 MiB, and section 6's CUDA-graph sweep, which issues no eager launch per call, has both forms at
-# 128 MiB.
+# `-b 64M -e 1G -f 2 --collectives send_recv,send_one_way --no-bare`, less the 8-byte all_reduce timed first —
+# on ≥ 2 GPUs (up to 256 MiB where a GPU has less than 24 GiB: the sweep holds about five times its largest size
+# per rank); elsewhere the recording this cell made on 2×H200, labelled. Its eager calls run in the same ranks
+# after the capture. Cross-checks: this sweep and section 3's share 128 MiB and 512 MiB, and section 6's
+# CUDA-graph sweep has both forms at 128 MiB.
 
 # %% tags=["nbval-ignore-output"]
 ROOMY = all(g.memory_gib >= 24 for g in HW.gpus)     # room for 1 GiB buffers and their check
@@ -699,16 +696,12 @@ for mine, size in ((my_prediction_ratio_small, 8), (my_prediction_ratio_middle, 
 # **Small messages: the host.** In `send_recv` every rank issues **two** operations per call (a send and a
 # receive, grouped in one `batch_isend_irecv`), in `send_one_way` **one** (rank 2k sends, rank 2k+1 receives).
 # If each operation cost the host a whole call's work (section 5), the eager ratio would be near two at every
-# small size, and fall back towards one when a CUDA graph removes the host's part: the first two verdicts test
-# that at every small size, and the table shows them all. Where the first is FALSE, the second operation costs
-# the host less than a whole call: the two are one group, handed to NCCL together and run by one kernel
-# (below), so what the second adds is its own bookkeeping, not a second launch; the smallest size, whose
-# exchange also sits furthest above its bare loop (section 3's bench / bare figure), is the one to rerun before
-# reading anything into it. In the CUDA-graph column no launch is left on the host, so whatever separates
-# that ratio from one is the device's time (the exchange's kernel against the one-way send's), which this lab
-# does not split further. The benchmark's header says which form each row times;
-# `benchmarks/p2p_forms.py` times every correct form of both kinds, and its recorded output in `benchmarks/`
-# names the cheapest of each.
+# small size, and fall back towards one once a CUDA graph removes the host's part: the first two verdicts test
+# that. Where the first is FALSE, the second operation costs the host less than a whole call: the two are one
+# group, handed to NCCL together and run by one kernel (below), so the second adds its own bookkeeping, not a
+# second launch. In the CUDA-graph column no launch is left on the host, so whatever separates that ratio from
+# one is the device's time, which this lab does not split further. `benchmarks/p2p_forms.py` times every
+# correct form of both kinds; its recorded output names the cheapest of each.
 #
 # **Large messages: the warps.** NCCL moves the data of a send/recv group with one kernel,
 # `ncclDevKernel_SendRecv`, one block (CTA) per channel, and the block's threads do the copying — not the copy
@@ -762,8 +755,8 @@ check.send_one_way(send_one_way)
 # Lab 02 (tensor-parallel MLP) and lab 04 (pipeline) recorded the communication of their training steps: per
 # op the collective, its size S (as in the table), how many times per step, the time one call took there
 # (`measured_ms`) and the step time. The prediction of one call is the fit's α + S/β — with the fit of the
-# **same kind of transfer**. The eager fits are section 4's, from section 3's sweep: ranks that were never
-# profiled and had captured nothing yet, so no leftover cost is in them.
+# **same kind of transfer**. The eager fits are section 4's, from section 3's sweep (ranks never profiled,
+# before the capture).
 #
 # **Lab 04** sends activations from stage i to stage i+1 and gradients back, at different times: every
 # message goes one way. Lab 04 timed each of its messages on its own ranks, at the sizes its step sends: a
@@ -797,21 +790,19 @@ if "04" in LABS:
 
 # %% [markdown]
 # A prediction counts when it is within 25% of the measurement, for every op the lab recorded. The verdict
-# judges the one-way fit; the table's `send_recv / measured` column shows what the both-ways fit does instead: it charges
-# each one-way message for what an exchange costs on top — a second operation to issue, and the warps of each
-# block shared between two directions (section 7). Where the one-way
-# fit misses one op by more than the rest, look at its size: near the bend of section 4, where the host's time
-# and the device's time per call are alike, α + S/β adds two times that overlap in a back-to-back loop.
+# judges the one-way fit; the table's `send_recv / measured` column shows what the both-ways fit does instead:
+# it charges each one-way message for what an exchange costs on top — a second operation to issue, and the
+# warps of each block shared between two directions (section 7). Where the one-way fit misses one op by more
+# than the rest, look at its size: near the bend of section 4, where the host's time and the device's time per
+# call are alike, α + S/β adds two times that overlap in a back-to-back loop.
 #
 # **Lab 02** times the all_reduce of its tensor-parallel MLP *inside* the training step, from a profiler trace
 # of NCCL's kernels — with the mechanism of section 5: the kernels of one call end together, so the shortest
 # kernel of a call is the **transfer**, and a rank that arrived earlier **waits** inside its kernel for the
 # last one. Lab 02 records both: `measured_ms` (the longest kernel: transfer + waiting) and `kernel_ms` (the
 # transfer). Neither includes the host's launch, so the fit to predict them with is the one without it: the
-# CUDA-graph sweep's (section 6) — the device's time per call. That sweep ran in these ranks after the
-# capture; its replays issue no eager launch per call, and
-# `benchmarks/bench_graph_2xH200.txt` has the same mode in fresh ranks to compare with. The eager fit (section
-# 3's sweep) is shown beside it; its α contains the host's launch (section 5), which a kernel time does not.
+# CUDA-graph sweep's (section 6) — the device's time per call. The eager fit (section 3's sweep) is shown
+# beside it; its α contains the host's launch (section 5), which a kernel time does not.
 
 # %% tags=["nbval-ignore-output"]
 if "02" in LABS:
@@ -841,8 +832,8 @@ if "02" in LABS:
 
 # %% [markdown]
 # Like with like, the device-time fit is judged against the transfer; against the time in the step (the
-# table's `device fit / in the step` column) it misses the waiting, which the table shows as its own column. Waiting is not a property of
-# the collective: the ranks' matmuls and their hosts do not reach the call at the same instant, and whichever
+# table's `device fit / in the step` column) it misses the waiting, which the table shows as its own column.
+# Waiting is not a property of the collective: the ranks' matmuls and their hosts do not reach the call at the same instant, and whichever
 # rank is early waits inside the collective. A model of a step built from a benchmark that keeps its ranks in
 # step predicts the transfer; the waiting must be measured in the step (lab 02 does it with a trace), or
 # reduced at its causes — uneven work between the ranks, and hosts that reach the call at different instants
