@@ -26,7 +26,7 @@ TWICE = 1.5                        # "about twice": closer to 2 than to 1
 FULL_DUPLEX = 1.10                 # large messages, "about one way": within 10% (the copy engines: a few %)
 MORE = 1.10                        # "costs more": by more than 10%, several times the spread of 5 samples
 PREDICT_TOL = 0.25                 # a prediction within 25% of the measurement
-SMALL_BYTES = 32 * 2**10           # "small": up to 32 KiB (section 9's small size), where the host sets the pace
+SMALL_BYTES = 32 * 2**10           # "small": every size up to 32 KiB (the small size of the notebook's section 9)
 
 
 def sweep_doc(data: dict) -> dict:
@@ -76,8 +76,8 @@ def graph_verdicts(data: dict) -> list[claims.Verdict]:
     timed first and the table's 8 B row (the same loop, later). (Whether every replayed result is right is
     the table's own "Wrong elements" line.)"""
     s = sweep_doc(data)["summary"]
-    points = {k: v for k, v in (("the line timed first", s["graph_latency_us"]), ("the table's 8 B row", s["table_8b_us"]))
-              if v is not None}
+    points = {k: v for k, v in (("the line timed first", s["graph_latency_us"]),
+                                ("the table's 8 B row", s["table_8b_us"])) if v is not None}
     if not points:
         return []
     return [claims.every(f"an 8-byte all_reduce replayed from a CUDA graph takes at most {GRAPH_LATENCY_US:g} us",
