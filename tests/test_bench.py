@@ -210,7 +210,7 @@ def test_summary_average_peak_latency_and_link():
     assert s["latency_us"] == 12.5 and s["wrong_total"] == 0
     assert s["peak_fraction_of_link"] == pytest.approx(max(busbw) / 200.0)
     text = "\n".join(report.summary_lines(s))
-    assert "0 OK" in text and "8-byte latency       : 12.50 us" in text and "of the link peak 200.0" in text
+    assert "0 OK" in text and "8-byte all_reduce   : 12.50 us timed first" in text and "of the link peak 200.0" in text
     bad = _doc(wrong=7)["summary"]
     assert bad["wrong_total"] == 7 * 4 and "FAILED" in report.summary_lines(bad)[0]
 
@@ -224,10 +224,12 @@ def test_bench_over_bare_latency_and_graph_lines():
     assert report.bench_over_bare(doc) == {"latency": pytest.approx(1.04), "all_reduce": pytest.approx(1.2)}
     line = report.latency_line(doc["latency"])
     assert "bare loop 12.02 us, bench/bare 1.04" in line and "per-sample start 60 us = +0.60 us per call" in line
-    assert report.latency_line(doc["graph_latency"]).startswith("# 8-byte latency (CUDA graph): all_reduce of 8 B")
+    assert report.latency_line(doc["graph_latency"]).startswith(
+        "# 8-byte all_reduce, timed first (CUDA graph): 8 B (2 x float, in place), per call of 20 back to back")
     text = "\n".join(report.table_lines(doc))
-    assert "# 8-byte latency       : 4.25 us (the same, replayed from a CUDA graph" in text
-    assert "# bench / bare loop    : latency 1.04 | all_reduce 1.20" in text and "goal <= 1.15: NOT met" in text
+    assert "# 8-byte all_reduce   : 4.25 us timed first, replayed from a CUDA graph" in text
+    assert "# bench / bare loop    : 8 B all_reduce timed first 1.04 | all_reduce 1.20" in text
+    assert "goal <= 1.15 for every one: NOT met" in text
     assert [r["kind"] for r in files.csv_rows(doc)][:2] == ["latency", "latency"]
     assert "replayed from a CUDA graph: 4.25 us" in report.link_note(doc)
     old = _doc()  # a recording made before bare loops and graphs: nothing to show, nothing breaks
@@ -249,8 +251,36 @@ def test_table_lines_have_header_blocks_and_summary():
     lines = report.table_lines(_doc())
     assert lines[1] == "# fingerprint: 2x GPU | NV18 | torch x"
     assert sum(line == "# all_gather" for line in lines) == 1
-    assert any(line.startswith("# 8-byte latency: all_reduce of 8 B (2 x float, in place): 12.50 us") for line in lines)
-    assert lines[-2].startswith("# 8-byte latency") and lines[-1] == "# Duration             : 1.0 s sweep"
+    assert any(line.startswith("# 8-byte all_reduce, timed first: 8 B (2 x float, in place), per call of 20 back to "
+                               "back: 12.50 us") for line in lines)
+    assert lines[-2].startswith("# 8-byte all_reduce   :") and lines[-1] == "# Duration             : 1.0 s sweep"
+    assert any(line.startswith("# 8-byte all_reduce, timed first: the table's own loop") for line in lines)
+
+
+def test_the_line_timed_first_and_the_tables_8_byte_row_are_named_apart():
+    """Two numbers of one loop at two moments: the summary names both, and the prediction's row is the table's."""
+    doc = _doc()
+    doc["rows"].insert(0, _row("all_reduce", "in-place", 8, 28.5))
+    doc["latency"] = _row("all_reduce", "in-place", 8, 40.5)
+    doc["summary"] = report.summarize(doc)
+    assert doc["summary"]["table_8b_us"] == 28.5 and doc["summary"]["latency_us"] == 40.5
+    line = next(x for x in report.summary_lines(doc["summary"]) if x.startswith("# 8-byte all_reduce"))
+    assert "40.50 us timed first" in line and "the table's 8 B row, the same loop later: 28.50 us" in line
+    assert report.table_8b_us(_doc()) is None   # a table that starts above 8 B has no such row
+
+
+@pytest.mark.parametrize("ratios, verdict", [({"latency": 1.01, "all_reduce": 1.03, "send_recv": 1.14}, "TRUE"),
+                                             ({"latency": 1.01, "all_reduce": 1.03, "send_recv": 1.32}, "FALSE")])
+def test_bench_over_bare_goal_is_one_rule_for_the_summary_and_the_verdict(ratios, verdict):
+    """A median of 1.03 with one collective at 1.32 is not "adds almost nothing": every collective must meet it,
+    and the summary line says "met" exactly when the verdict is TRUE."""
+    v = report.bare_verdict(ratios)
+    assert v.verdict == verdict and "8 B all_reduce timed first 1.01x" in v.figure
+    doc = _doc()
+    doc["rows"][0]["bare_us"] = doc["rows"][0]["time_us"]
+    summary = {**report.summarize(doc), "bench_over_bare": ratios}
+    text = "\n".join(report.summary_lines(summary))
+    assert f"goal <= 1.15 for every one: {'met' if verdict == 'TRUE' else 'NOT met'}" in text
 
 
 def test_csv_and_json_round_trip(tmp_path):
@@ -288,7 +318,7 @@ def test_busbw_figure_and_note():
     labels = [line.get_label() for line in fig.axes[0].lines]
     assert "all_gather (out-of-place)" in labels and "your prediction" in labels
     note = report.link_note(doc)
-    assert "| all_gather (out-of-place) | 1 GiB |" in note and "8-byte all_reduce latency: 12.50 us" in note
+    assert "| all_gather (out-of-place) | 1 GiB |" in note and "8-byte all_reduce, timed first (per call back to back): 12.50 us" in note
 
 
 # ---------------------------------------------------------------------------- real gloo ranks

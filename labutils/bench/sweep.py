@@ -11,11 +11,11 @@ Method (nccl-tests, ``src/common.cu``): per collective, buffers for the largest 
 once and every size uses views of them; ``-w`` warm-up calls at the largest and the smallest size;
 then per size and placement one untimed call and ``repeat`` samples of ``iters`` back-to-back calls
 (``timing.benchmark_loops``: CUDA events, slowest rank, median). At each collective's smallest size
-(and for the 8-byte latency) a bare loop of the same torch call is timed in turn with the
+(and for the 8-byte all_reduce timed first) a bare loop of the same torch call is timed in turn with the
 benchmark's own loop, so the table can say what the benchmark adds to the call. With
 ``cuda_graph=N`` (nccl-tests' ``-G``) each point's ``iters`` calls are captured in one CUDA graph and
-replayed N times per sample instead (``labutils.bench.graph``); the 8-byte latency is then measured
-both ways. After timing, the inputs are filled again with rank- and position-dependent values, the
+replayed N times per sample instead (``labutils.bench.graph``); the 8-byte all_reduce timed first is then
+measured both ways. After timing, the inputs are filled again with rank- and position-dependent values, the
 op runs once more (replayed from a graph in graph mode) and every element of the result is compared
 with the value it must have (``ops.verify_case``): ``#wrong`` is the number of wrong elements, summed
 over ranks. Sizes, counts and bandwidths follow ``labutils.bandwidth`` (nccl-tests' ``size``).
@@ -120,7 +120,8 @@ def sweep(rank: int, world_size: int, config, progress_path: str | None = None, 
         ``{"meta", "mode", "latency", "graph_latency", "rows", "elapsed_s"}`` (the same on every rank):
         one row per (collective, size, placement), times in us, bandwidths in GB/s, ``wrong``
         elements; ``bare_us`` where a bare loop was timed beside; ``latency`` is the eager 8-byte
-        all_reduce, ``graph_latency`` the same replayed from a CUDA graph (graph mode only).
+        all_reduce timed first, before the table, with the table's own loop (the table's 8 B row is the same
+        loop later), ``graph_latency`` the same replayed from a CUDA graph (graph mode only).
 
     Raises:
         MemoryError: the largest size does not fit (raised on every rank before allocating).

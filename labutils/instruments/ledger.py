@@ -149,7 +149,7 @@ class Ledger(TorchDispatchMode):
             op, g = _C10D[name]
             ranks, me = _group(args[g])
             size, sent, peer = self._c10d_sizes(name, args, me, len(ranks))
-            if peer is not None:
+            if peer is not None and 0 <= peer < len(ranks):  # else torch itself refuses the call, saying why
                 peer = ranks[peer]
         elif ns in _FUNCOL_NAMESPACES and name in _FUNCOL:
             op, g = _FUNCOL[name]

@@ -111,7 +111,7 @@ def test_cli_graph_mode_on_gpus(tmp_path):
                           "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=300,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "# mode: CUDA graph (-G 5)" in out.stdout and "# 8-byte latency (CUDA graph):" in out.stdout
+    assert "# mode: CUDA graph (-G 5)" in out.stdout and "# 8-byte all_reduce, timed first (CUDA graph):" in out.stdout
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["summary"]["wrong_total"] == 0 and doc["summary"]["graph_latency_us"] > 0
 
