@@ -16,7 +16,7 @@
 # reasons (part 1) live. Every correctness check runs live everywhere (gloo ranks on CPU tensors); a
 # measurement that needs more GPUs than the machine has is the one this notebook recorded, labelled so.
 #
-# **Time:** 60 min of study (two exercises: the 1F1B order, the 1F1B loop); under 40 s to run on 2×H200,
+# **Time:** 75 min of study (two exercises: the 1F1B order, the 1F1B loop); under 40 s to run on 2×H200,
 # about 12 s on a 2-core CPU.
 
 # %% [markdown]
@@ -197,12 +197,12 @@ claims.show(CLAIMS["04_boost_one_gpu"](bd), boost_m)
 # **Reading the reasons.** The software power cap is the driver's power-management algorithm lowering the clock
 # because the power, averaged over a time window, is at the limit it enforces. Being an average, it is where the
 # rest acts: a GPU that idles between steps brings a lower average into the next step, and the cap leaves it a
-# higher clock while it computes. So the reason can be set in both cases (the fourth verdict FALSE) while the
-# clocks differ (the second verdict): the cap is the limit either way, and the rest changes how high it lets the
-# clock go. NVML's power reading is an average over a window too (about a second on this GPU generation), so the
+# higher clock while it computes. So the reason can be set in both cases while the clocks differ: then the cap is
+# the limit either way, and the rest changes how high it lets the clock go (the verdicts above say which case
+# this GPU was in). NVML's power reading is an average over a window too (about a second on this GPU generation), so the
 # power column mixes the computing and what came before it; the reasons, read at each sample, are what say which
 # limit acted. A thermal or hardware slowdown would be a different cause, with a different cure (cooling, not
-# duty); the last verdict says whether one acted.
+# duty); it would show in the table as a reason of its own, beside the power cap.
 #
 # ### When the limit comes on: the reasons over time
 # The readings above are pooled over a few steps. `boost.power_timeline` follows them in time, one NVML reading

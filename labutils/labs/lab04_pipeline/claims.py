@@ -141,7 +141,6 @@ def pipeline_verdicts(B: dict) -> list[claims.Verdict]:
 
 
 POWER_CAP = "software power cap"
-THERMAL = ("software thermal slowdown", "hardware thermal slowdown", "hardware slowdown", "hardware power brake")
 MOST = 0.5            # a reason "holds the clock" when NVML reports it in at least half of the readings
 LIFTED = 0.25         # resting "lifts" a reason when it is reported in at least 25 points fewer readings
 
@@ -187,11 +186,10 @@ def boost_verdicts(bd: dict) -> list[claims.Verdict]:
     return out + [
         cap_holds(cap_a, f"power cap in {cap_a:.0%} of {a['samples']} readings{limit}; back-to-back reasons: "
                          f"{_reasons(a)}"),
-        rest_lifts_cap(cap_a, cap_b, f"rested reasons: {_reasons(b)}"),
-        heat_holds(_share(a, *THERMAL), _temp(a))]
+        rest_lifts_cap(cap_a, cap_b, f"rested reasons: {_reasons(b)}")]
 
 
-# One claim, one rule: these three are judged alike on the step study (04_boost_one_gpu) and on the timeline.
+# One claim, one rule: these two are judged alike on the step study (04_boost_one_gpu) and on the timeline.
 
 def cap_holds(share: float, figure: str) -> claims.Verdict:
     return claims.at_least("Back to back, the power limit holds the SM clock down (NVML reports the software "
@@ -203,11 +201,6 @@ def rest_lifts_cap(share_back_to_back: float, share_rested: float, figure: str) 
                            figure=f"power cap in {share_back_to_back:.0%} of the readings back to back, "
                                   f"{share_rested:.0%} rested; {figure}")
 
-
-def heat_holds(share: float, temperature: str) -> claims.Verdict:
-    return claims.at_least("Back to back, a thermal or hardware slowdown holds the SM clock down", share, MOST,
-                           figure=f"thermal / hardware slowdown in {share:.0%} of the back-to-back readings "
-                                  f"({temperature}, median)")
 
 
 def power_timeline_verdicts(td: dict) -> list[claims.Verdict]:
@@ -227,7 +220,6 @@ def power_timeline_verdicts(td: dict) -> list[claims.Verdict]:
     last = [r for r in b2b if r["t_s"] >= b2b[-1]["t_s"] - 1.0]
     clock_first = statistics.median(r["clock_mhz"] for r in first)
     clock_last = statistics.median(r["clock_mhz"] for r in last)
-    temps = [r["temperature_c"] for r in b2b if r.get("temperature_c") is not None]
     out = [
         claims.at_least("A GPU that has rested computes its first step at a higher SM clock than it keeps back to "
                         "back", clock_first / clock_last, CLOCK_RATIO,
@@ -243,9 +235,7 @@ def power_timeline_verdicts(td: dict) -> list[claims.Verdict]:
             "that lags)", at_onset / ramp["final_w"], "<", power.RAMP,
             figure=f"power reading {at_onset:.0f} W at the cap's onset ({onset:.2f} s), final {ramp['final_w']:.0f} W, "
                    f"{power.RAMP:.0%} of it reached at {ramp['ramp_s']:.2f} s"))
-    out += [rest_lifts_cap(cap_a, cap_b, f"each rested step after a {td['pause_ms']:.0f} ms pause"),
-            heat_holds(power.share(b2b, *THERMAL), f"{statistics.median(temps):.0f} C" if temps else
-                       "temperature unknown")]
+    out.append(rest_lifts_cap(cap_a, cap_b, f"each rested step after a {td['pause_ms']:.0f} ms pause"))
     return out
 
 
