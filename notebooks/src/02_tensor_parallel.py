@@ -338,7 +338,7 @@ claims.show(sweep_verdicts(SWEEP.data), SWEEP)
 # compare with the link: the verdict judges it against NVLink's line rate as nvidia-smi reports it (the dotted
 # line; "a large share" is at least half of it). The datasheet's data rate (dash-dot, where the recording has
 # it) is the lower ceiling a copy can approach (lab 00). The list
-# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a
+# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at every size, at a
 # tenth more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
 # can gather into one tensor.
 #

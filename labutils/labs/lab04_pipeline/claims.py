@@ -118,10 +118,9 @@ def memory_verdicts(B: dict) -> list[claims.Verdict]:
     P, cfg, out = B["world_size"], B["config"], []
     mem, m_s = B["memory_bytes"], cfg["schedule_m"]
     g, f = mem.get(f"torch gpipe m={m_s}"), mem.get(f"torch 1f1b m={m_s}")
-    if g and f and g[0] is not None and f[0] is not None:
-        out.append(claims.compare("1F1B needs less activation memory than GPipe (same bubble)", f[0] / g[0], "<", 1.0,
-                                  figure=f"stage 0 at m = {m_s}: {g[0] / 2**30:.2f} GiB (GPipe), "
-                                         f"{f[0] / 2**30:.2f} GiB (1F1B)"))
+    if g and f and None not in g and None not in f:
+        out.append(claims.every(f"1F1B needs less activation memory than GPipe, on every stage (m = {m_s}; 1F1B / "
+                                "GPipe peak)", {f"stage {s}": f[s] / g[s] for s in range(P)}, "<", 1.0, unit="x"))
     pred = analysis.memory_prediction(B)
     if pred:
         measured = analysis.measured_memory(B)
