@@ -1,4 +1,4 @@
-"""Lab 04: the bubble math, schedules and their analysis (pure), the verdicts' thresholds, and the
+"""Lab 04: the bubble math, schedules (and the 1F1B-order checker) and their analysis (pure), the verdicts' thresholds, and the
 pipelined model against the one-device model on real gloo ranks -- the notebook's own GPipe loop
 (``tests/notebook_defs.py`` loads it from ``notebooks/src/04_pipeline.py``) at 2 and 3 stages,
 torch.distributed.pipelining's GPipe and 1F1B, the 1F1B reference and its checker -- plus the
@@ -376,19 +376,67 @@ def test_measure_rank_merge_and_comm_summary(no_leaks):
 
 # ---------------------------------------------------------------- exercise checkers
 
-def test_bubble_checker(capsys):
-    check.bubble_fraction(lambda p, m: (p - 1) / (m + p - 1))
-    assert "✓" in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="Megatron"):
-        check.bubble_fraction(lambda p, m: (p - 1) / m)
-    with pytest.raises(ExerciseError, match="one stage"):
-        check.bubble_fraction(lambda p, m: 1 / (m + p - 1))
+def _warm_up_order(warm):
+    """A 1F1B-shaped order whose stage s runs ``warm(p, s)`` forwards before its first backward."""
+    def order(p, m):
+        out = []
+        for s in range(p):
+            w = min(m, warm(p, s))
+            ops = [("F", i) for i in range(w)]
+            for i in range(m - w):
+                ops += [("B", i), ("F", w + i)]
+            out.append(ops + [("B", i) for i in range(m - w, m)])
+        return out
+    return order
+
+
+def test_order_checker_passes_the_reference_and_says_not_attempted(capsys):
+    check.one_f_one_b_order(solution.one_f_one_b_order)
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and f"on {len(check.ORDER_CASES)} cases" in out
+    assert any(m < p for p, m in check.ORDER_CASES) and any(m >= 8 * p for p, m in check.ORDER_CASES)
 
     def stub(p, m):
         raise NotImplementedError
-    check.bubble_fraction(stub)
-    assert "not attempted" in capsys.readouterr().err
-    assert check.usable_bubble(stub)(2, 8) == pytest.approx(1 / 9)
+    check.one_f_one_b_order(stub)
+    out, err = capsys.readouterr()
+    assert "not attempted" in err and "✓" not in out
+    assert check.usable_order(stub)(3, 5) == schedule.schedule_order("1f1b", 3, 5)
+    assert check.usable_order(solution.one_f_one_b_order) is solution.one_f_one_b_order
+
+
+@pytest.mark.parametrize("wrong,match", [
+    # GPipe's order passed as 1F1B: right dependencies, every micro-batch held at once
+    (lambda p, m: schedule.schedule_order("gpipe", p, m),
+     r"stage 0 holds 9 micro-batches.*at most p - s = 4.*GPipe's order.*HINT: .*not all forwards first"),
+    # stage 0 goes to its first backward after one forward: the next stages starve
+    (_warm_up_order(lambda p, s: 1 if s == 0 else p - s),
+     r"deadlocks: stage 0 waits at B0 for stage 1's B0; stage 1 waits at F1 for stage 0's F1.*HINT: each stage runs"),
+    # warm-up one short everywhere: the last stage does B0 before its F0 exists
+    (_warm_up_order(lambda p, s: p - s - 1), r"stage 3 runs B0 before its own F0.*HINT: a micro-batch's backward"),
+    # one forward too many in the warm-up: valid, but it holds one more micro-batch than 1F1B may
+    (_warm_up_order(lambda p, s: p - s + 1), r"stage 0 holds 5 micro-batches.*at most p - s = 4"),
+    # one forward then one backward everywhere: valid and lean, but no pipelining at all
+    (_warm_up_order(lambda p, s: 1), r"valid but its step lasts 108 t_f, GPipe's 36 t_f.*HINT: the stages wait"),
+    # a micro-batch missing on one stage
+    (lambda p, m: [o[:-1] if s == 1 else o for s, o in enumerate(schedule.schedule_order("1f1b", p, m))],
+     r"stage 1 runs B of micro-batches \[0, 1, 2, 3, 4, 5, 6, 7\] \(missing \[8\]\).*HINT: every stage runs"),
+    # not a list of ops
+    (lambda p, m: [["F0", "B0"]] * p, r"stage 0 has 'F0', which is not an op.*HINT: return one list per stage"),
+    (lambda p, m: schedule.schedule_order("1f1b", p, m)[:-1], r"not 4 lists"),
+])
+def test_order_checker_rejects_wrong_but_plausible_orders(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.one_f_one_b_order(wrong)
+
+
+def test_simulate_names_who_waits_for_whom():
+    last_b_first = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]  # the last stage's backward before its forward
+    with pytest.raises(schedule.ScheduleDeadlock, match="stage 1 waits at B0 for its own F0") as info:
+        schedule.simulate(last_b_first)
+    assert info.value.stuck == {0: (("B", 0, 0), ("B", 1, 0)), 1: (("B", 1, 0), ("F", 1, 0))}
+    with pytest.raises(ValueError, match="not an op"):
+        schedule.simulate([[("X", 0)]])
 
 
 def test_prediction_checker(capsys):

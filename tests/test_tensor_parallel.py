@@ -100,6 +100,33 @@ def test_mlp_communicates_once_forward_and_once_backward(gloo2):
     assert forward == [(4, 6)] and backward == [(4, 6)]   # tokens x hidden each way, nothing between layers
 
 
+class _GatheringColumnLinear(nn.Module):
+    """A column-parallel layer whose forward also all-reduces a copy of its output: right numbers, wrong
+    communication (what the ledger statements must catch)."""
+
+    def __init__(self, linear, group=None):
+        super().__init__()
+        self.inner = nb.ColumnParallelLinear(linear, group)
+        self.weight, self.bias = self.inner.weight, self.inner.bias
+
+    def forward(self, x):
+        y = self.inner(x)
+        dist.all_reduce(y.detach().clone())
+        return y
+
+
+def test_the_layer_checks_judge_the_communication(gloo3):
+    reports = gloo3.run(verify.column_parallel, nb.ColumnParallelLinear)
+    assert reports[0]["communication: forward"] == "nothing"
+    assert reports[0]["communication: backward"] == "all_reduce of 320 B"    # f: dL/dX, 5 x 8 float64
+    mlp = gloo3.run(verify.mlp, nb.TensorParallelMLP)[0]
+    assert mlp["communication: forward"] == mlp["communication: backward"] == "all_reduce of 1 KiB"
+    wrong = gloo3.run(verify.column_parallel, _GatheringColumnLinear)
+    assert wrong[0]["output: this rank's columns of Y"] == verify.OK
+    with pytest.raises(AssertionError, match="communication is what Megatron's design needs"):
+        compare.report(wrong, strict=True)
+
+
 def _indivisible(rank, world_size, ColumnParallelLinear, RowParallelLinear):
     out = []
     for make in (lambda: ColumnParallelLinear(nn.Linear(4, world_size + 1)),
@@ -327,8 +354,8 @@ def _path_rows(copy_one, copy_both, ag, ag_many, one_process):
 
 
 @pytest.mark.parametrize("numbers, expected", [
-    ((390.0, 380.0, 270.0, 330.0, 265.0), ["TRUE"] * 4),   # what 2xH200 looks like
-    ((390.0, 200.0, 190.0, 195.0, 120.0), ["FALSE"] * 4),  # a link that halves both ways, no CTA effect
+    ((390.0, 380.0, 270.0, 330.0, 265.0), ["TRUE"] * 3),   # what 2xH200 looks like
+    ((390.0, 200.0, 190.0, 195.0, 120.0), ["FALSE"] * 3),  # a link that halves both ways, no CTA effect
 ])
 def test_path_verdicts_follow_their_thresholds(numbers, expected):
     assert [v.verdict for v in paths_verdicts(_path_rows(*numbers))] == expected
@@ -375,7 +402,7 @@ def test_the_link_share_verdict_names_the_rate_it_judges_against():
 
 
 # ------------------------------------------------------------------ the exercise checkers
-def test_checkers_fall_back_to_the_reference_for_stubs(gloo2, capsys):
+def test_checkers_fall_back_to_the_reference_for_stubs(gloo3, capsys):
     class Stub(torch.autograd.Function):
         @staticmethod
         def forward(ctx, y, group):
@@ -387,25 +414,26 @@ def test_checkers_fall_back_to_the_reference_for_stubs(gloo2, capsys):
 
     def stub(*args):
         raise NotImplementedError
-    check.gather_rows_uneven(stub, pool=gloo2)
-    check.gather_from_tp(Stub, nb.ColumnParallelLinear, pool=gloo2)
+    check.gather_rows_uneven(stub, pool=gloo3)
+    check.gather_from_tp(Stub, nb.ColumnParallelLinear, pool=gloo3)
     check.transfer_and_wait(stub)
     out, err = capsys.readouterr()
     assert err.count("not attempted") == 3 and "✓" not in out
     assert check.usable_transfer_and_wait(stub) is None and "not attempted" in capsys.readouterr().err
 
 
-def test_checkers_pass_the_reference_solutions(gloo2, capsys):
-    check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo2)
-    check.gather_from_tp(solution.GatherFromTP, nb.ColumnParallelLinear, pool=gloo2)
+def test_checkers_pass_the_reference_solutions(gloo3, capsys):
+    check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo3)
+    check.gather_from_tp(solution.GatherFromTP, nb.ColumnParallelLinear, pool=gloo3)
     check.transfer_and_wait(solution.transfer_and_wait)
     out = capsys.readouterr().out
     assert "not attempted" not in out and out.count("✓") == 3
+    assert "3 ranks, row counts [3, 1, 2], [0, 2, 1], [4, 4, 4]" in out and "on 3 ranks; forward one all-gather" in out
 
 
-def test_checkers_refuse_a_pool_of_the_wrong_shape(gloo3):
+def test_checkers_refuse_a_pool_of_the_wrong_shape(gloo2):
     with pytest.raises(ValueError, match="HINT"):
-        check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo3)
+        check.gather_rows_uneven(solution.gather_rows_uneven, pool=gloo2)
 
 
 def _keeps_padding(x, group):
@@ -419,14 +447,60 @@ def _keeps_padding(x, group):
     return out
 
 
+def _counts(x, group):
+    n = dist.get_world_size(group)
+    counts = torch.empty(n, dtype=torch.int64)
+    compat.all_gather_into_tensor(counts, torch.tensor([x.shape[0]]))
+    return counts.tolist()
+
+
+def _all_reduce_of_a_padded_buffer(x, group):   # right rows, but an all-reduce of mostly zeros
+    counts, rank = _counts(x, group), dist.get_rank(group)
+    out = x.new_zeros(sum(counts), *x.shape[1:])
+    out[sum(counts[:rank]): sum(counts[:rank + 1])] = x
+    dist.all_reduce(out)
+    return out
+
+
+def _one_broadcast_per_rank(x, group):          # right rows, n collectives for the data
+    counts = _counts(x, group)
+    blocks = []
+    for r, c in enumerate(counts):
+        block = x.clone() if r == dist.get_rank(group) else x.new_empty(c, *x.shape[1:])
+        dist.broadcast(block, src=r)
+        blocks.append(block)
+    return torch.cat(blocks)
+
+
+def _through_pickles(x, group):                 # right rows, pickled: more bytes than the rows
+    blocks = [None] * dist.get_world_size(group)
+    dist.all_gather_object(blocks, x)
+    return torch.cat(blocks)
+
+
+def _padded_to_the_total(x, group):            # right rows, every block padded to the whole batch
+    counts = _counts(x, group)
+    n, total = len(counts), sum(counts)
+    padded = x.new_zeros(total, *x.shape[1:])
+    padded[: x.shape[0]] = x
+    out = x.new_empty(n * total, *x.shape[1:])
+    compat.all_gather_into_tensor(out, padded)
+    return torch.cat([out[r * total: r * total + c] for r, c in enumerate(counts)])
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_keeps_padding, "padding is still there"),
     (lambda x, group: solution.gather_rows_uneven(x, group).flip(0), "rank order"),
     (lambda x, group: x, "sum of the counts"),
+    (_all_reduce_of_a_padded_buffer, r"issued all_gather of 24 B, all_reduce of .*HINT: an all-reduce of a "
+                                     r"zero-filled buffer.*2\(n-1\)/n"),
+    (_one_broadcast_per_rank, "HINT: move the data in one all_gather_into_tensor"),
+    (_through_pickles, "larger than every block padded to the longest"),
+    (_padded_to_the_total, "larger than every block padded to the longest"),
 ])
-def test_gather_checker_hints(gloo2, wrong, hint):
+def test_gather_checker_hints(gloo3, wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
-        check.gather_rows_uneven(wrong, pool=gloo2)
+        check.gather_rows_uneven(wrong, pool=gloo3)
 
 
 class _FullGradBack(torch.autograd.Function):   # backward forgets to keep only this rank's columns
@@ -454,30 +528,60 @@ class _SummedGradBack(torch.autograd.Function):  # backward sums over the ranks 
 class _Stacked(torch.autograd.Function):         # all_gather_into_tensor without rearranging the blocks
     @staticmethod
     def forward(ctx, y, group):
-        out = y.new_empty(2 * y.shape[0], y.shape[1])
+        out = y.new_empty(dist.get_world_size() * y.shape[0], y.shape[1])
         compat.all_gather_into_tensor(out, y.contiguous())
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.chunk(2)[dist.get_rank()], None
+        return grad.chunk(dist.get_world_size())[dist.get_rank()], None
 
 
 def _no_autograd(y, group):                      # right values, but gathered outside autograd
-    blocks = [torch.empty_like(y) for _ in range(2)]
+    blocks = [torch.empty_like(y) for _ in range(dist.get_world_size())]
     dist.all_gather(blocks, y.detach().contiguous())
     return torch.cat(blocks, dim=-1)
 
 
+class _AllReducedBack(torch.autograd.Function):  # right gradients, but an all-reduce (then / n) for nothing
+    @staticmethod
+    def forward(ctx, y, group):
+        return solution.GatherFromTP.forward(ctx, y, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return solution.GatherFromTP.backward(ctx, grad / dist.get_world_size())[0], None
+
+
+class _AllReducedForward(torch.autograd.Function):  # right Y, by an all-reduce of a zero-padded Y
+    @staticmethod
+    def forward(ctx, y, group):
+        n, rank = dist.get_world_size(), dist.get_rank()
+        full = y.new_zeros(y.shape[0], n * y.shape[1])
+        full[:, rank * y.shape[1]: (rank + 1) * y.shape[1]] = y
+        dist.all_reduce(full)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(dist.get_world_size(), dim=-1)[dist.get_rank()], None
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_FullGradBack, "shaped like that input"),
-    (_SummedGradBack, "2 x too large"),
+    (_SummedGradBack, "3 x too large"),
     (_Stacked, "stacks the blocks along dim 0"),
     (_no_autograd, "carries no gradient"),
+    (_AllReducedBack, r"backward issued all_reduce of 240 B, all_reduce of 160 B; expected only f's all_reduce of "
+                      r"dL/dX \(160 B\).*HINT: every rank already holds the whole dL/dY"),
+    (_AllReducedForward, r"forward issued all_reduce of 240 B; expected one all_gather of Y \(240 B\).*HINT: an "
+                         r"all-reduce of a zero-padded Y"),
 ])
-def test_gather_from_tp_checker_hints(gloo2, wrong, hint):
+def test_gather_from_tp_checker_hints(gloo3, wrong, hint):
     with pytest.raises(ExerciseError, match=hint):
-        check.gather_from_tp(wrong, nb.ColumnParallelLinear, pool=gloo2)
+        check.gather_from_tp(wrong, nb.ColumnParallelLinear, pool=gloo3)
 
 
 def _per_rank_medians(calls_ms):

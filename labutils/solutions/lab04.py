@@ -2,13 +2,22 @@
 from __future__ import annotations
 
 
-def bubble_fraction(p, m):
-    """Idle share of a GPipe step with p stages and m micro-batches: (p - 1) / (m + p - 1).
+def one_f_one_b_order(p, m):
+    """Per stage, the 1F1B order of forwards ("F", i) and backwards ("B", i) for p stages, m micro-batches.
 
-    The step lasts m + p - 1 slots (m to push every micro-batch through, plus p - 1 to fill and
-    drain the pipe); each stage works in m of them.
+    Stage s runs w = min(m, p - s) forwards (warm-up: as many as the last stage needs to reach its first
+    backward, and no more), then one backward and one forward in turn, the backward always the oldest
+    micro-batch it holds, then the w backwards left (cool-down). It never holds more than p - s.
     """
-    return (p - 1) / (m + p - 1)
+    order = []
+    for s in range(p):
+        warm = min(m, p - s)
+        ops = [("F", i) for i in range(warm)]
+        for i in range(m - warm):
+            ops += [("B", i), ("F", warm + i)]
+        ops += [("B", i) for i in range(m - warm, m)]
+        order.append(ops)
+    return order
 
 
 def one_f_one_b_step(stage, x, target, loss_fn, n_microbatches, act_shape):

@@ -21,16 +21,35 @@
 # runs live on gloo ranks and the measurement is the recording made by this notebook's own code, labelled
 # **RECORDED**.
 #
-# **Time:** 90 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 8 s on a
+# **Time:** 100 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 10 s on a
 # 2-core CPU.
 
 # %% [markdown]
 # ## Setup
-# One `RankPool` serves the lab: its ranks start once (NCCL with one GPU per rank when there are enough GPUs,
-# else gloo on CPU tensors) and every experiment is a call into them. A second, 2-rank gloo pool runs what
-# needs CPU tensors on every machine (the source's program on gloo, the exercise checkers); on a machine
-# without GPUs the two are the same pool. Both start in the background (`wait=False`) while section 1 runs the
-# source's program; their first task waits for them.
+# Every experiment here runs on several **ranks**: processes that each hold one GPU (or, without GPUs, CPU
+# tensors) and belong to one process group, so that `torch.distributed`'s collectives connect them. A
+# `labutils.RankPool` is a set of such ranks that stays alive between cells: it starts the processes and sets up
+# their process group once, then runs each function you give it on every rank and hands back the results.
+# Why not start fresh ranks for each experiment? Each start pays for new processes, `import torch` and the
+# process group's set-up — seconds, on every cell — while a call into a running pool costs a round trip. The
+# few calls this lab uses:
+#
+# ```python
+# POOL = labutils.RankPool(world_size=3, backend="gloo", wait=False)  # start (in the background: wait=False)
+# results = POOL.run(fn, arg1, arg2)     # fn(rank, world_size, arg1, arg2) on every rank; results in rank order
+# POOL.world_size, POOL.backend          # what it runs on
+# POOL.close()                           # stop the ranks (the lab's last cell)
+# ```
+#
+# A rank that raises makes `run` raise, naming the rank; one that hangs is stopped after the call's timeout,
+# with where every rank was waiting. Lab 07 opens the pool up: its `%%ranks` magic, what travels to the ranks,
+# and how a pool survives a failing cell.
+#
+# This lab keeps three pools: `POOL` for the experiments (NCCL with one GPU per rank when there are enough
+# GPUs, else gloo on CPU tensors); `GLOO`, 2 gloo ranks for what needs CPU tensors on every machine (the source's
+# program on gloo); and `CHECKERS`, 3 gloo ranks for the exercise checkers — 3, because on 2 ranks "mine and the
+# other one" can pass for "every rank in rank order". Without GPUs, `POOL` and `GLOO` are the same pool. All of
+# them start in the background while section 1 runs the source's program; their first task waits for them.
 
 # %% tags=["nbval-ignore-output"]
 import datetime
@@ -50,8 +69,8 @@ from labutils.checks import lab02 as check
 from labutils.config import rank_device
 from labutils.instruments import compare
 from labutils.labs.lab02_tensor_parallel import cost_model, measure, one_gpu, paths, script, steps, verify
-from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_train_ms,
-                                                        paths_verdicts, sweep_verdicts)
+from labutils.labs.lab02_tensor_parallel.claims import (CLAIMS, allreduce_fit, fits_its_step, model_terms,
+                                                        model_train_ms, paths_verdicts, sweep_verdicts)
 
 HW = hw.describe()
 MODE = HW.mode                                       # "multi-gpu", "single-gpu" or "cpu"
@@ -60,6 +79,7 @@ labutils.default_config()
 POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)    # starts in the background
 GLOO = (POOL if POOL.backend == "gloo" and POOL.world_size == 2
         else labutils.RankPool(world_size=2, backend="gloo", output="quiet", wait=False))
+CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)   # the exercise checkers
 HW
 
 # %% [markdown]
@@ -318,7 +338,7 @@ claims.show(sweep_verdicts(SWEEP.data), SWEEP)
 # compare with the link: the verdict judges it against NVLink's line rate as nvidia-smi reports it (the dotted
 # line; "a large share" is at least half of it). The datasheet's data rate (dash-dot, where the recording has
 # it) is the lower ceiling a copy can approach (lab 00). The list
-# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at a
+# version pays extra copies and the allocation of the flat buffer on top of the same NCCL kernel (judged at every size, at a
 # tenth more time, above the run-to-run spread of a large call); prefer `all_gather_into_tensor` whenever you
 # can gather into one tensor.
 #
@@ -360,14 +380,14 @@ else:
     print(f"[{SWEEP.label}] this recording has no path measurements; they run live on 2 or more GPUs.")
 
 # %% [markdown]
-# **Reading it.** The verdicts judge four things, each with a tenth as its margin (the table's last column is
+# **Reading it.** The verdicts judge three things, each with a tenth as its margin (the table's last column is
 # each path's run-to-run spread, p10–p90; the last verdict prints the largest): whether the link carries both
 # directions at once at nearly the one-way rate (if so, "both ways" cannot be the main cause); whether the
-# all-gather moves less per direction than a copy both ways (if so, the link is not what limits it); whether
-# one process driving both GPUs gets the same all-gather (if so, the process boundary is not the cause
-# either); and whether giving NCCL more CTAs raises the all-gather's busbw (if so, the number of channels is
-# what limits it). NCCL's own send/recv both ways shows what its kind of kernel reaches without a collective's
-# steps. Compare with your prediction.
+# all-gather moves less per direction than a copy both ways (if so, the link is not what limits it); and whether
+# giving NCCL more CTAs raises the all-gather's busbw (if so, the number of channels is what limits it). The
+# one-process all-gather's row is there to rule out the process boundary: compare it with the all-gather's row
+# of one process per GPU. NCCL's own send/recv both ways shows what its kind of kernel reaches without a
+# collective's steps. Compare with your prediction.
 #
 # **How the one-process all-gather is timed.** The other paths take turns sample by sample, every rank in
 # step. The one-process all-gather is timed apart, after them: rank 0 runs it while every other rank waits in
@@ -596,7 +616,10 @@ claims.show(CLAIMS["02_partitions"](PART.data), PART)
 # sampling, each rank knows only its own count. Write `my_gather_rows_uneven(x, group)`: `x` is this rank's
 # block of rows (a rank may have none); return every rank's rows concatenated in rank order, on every rank. Use
 # one `compat.all_gather_into_tensor(output, input, group)` for the data, plus whatever small collective you
-# need first (and `gather_padded` from section 1 if you like). The checker runs it on 2 gloo ranks.
+# need first (and `gather_padded` from section 1 if you like). The checker runs it on the 3 gloo ranks of
+# `CHECKERS`, and reads what each rank issued (`labutils.instruments.ledger.Ledger`): the rows must travel in one
+# all-gather of the blocks padded to the longest — an all-reduce of a zero-filled buffer, one broadcast per rank
+# or pickled objects get the right rows too, and send more.
 
 # %% nbgrader={"grade": false, "grade_id": "gather_rows_uneven", "locked": false, "schema_version": 3, "solution": true}
 def my_gather_rows_uneven(x, group=None):
@@ -607,7 +630,7 @@ def my_gather_rows_uneven(x, group=None):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_gather_rows_uneven", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-check.gather_rows_uneven(my_gather_rows_uneven, pool=GLOO)
+check.gather_rows_uneven(my_gather_rows_uneven, pool=CHECKERS)
 
 # %% [markdown]
 # ## 5 · Real tensor parallelism, Megatron style
@@ -696,7 +719,9 @@ class ColumnParallelLinear(nn.Module):
 # %% [markdown]
 # Check it against the `nn.Linear` it came from, on every rank: rank r's output is the r-th block of columns
 # of the layer's output, each rank gets the gradient of its own columns, and after `f` every rank holds the
-# *whole* gradient of `X`:
+# *whole* gradient of `X`. A ledger inside each rank (`labutils.instruments.ledger.Ledger`) also lists what the
+# layer communicated, forward and backward, against what Megatron's design needs (here: nothing forward, `f`'s
+# all-reduce of dL/dX backward):
 
 # %%
 compare.report(POOL.run(verify.column_parallel, ColumnParallelLinear))
@@ -707,8 +732,9 @@ compare.report(POOL.run(verify.column_parallel, ColumnParallelLinear))
 # Write the autograd operator that all-gathers the column-parallel output along the last dimension: forward
 # returns every rank's `Y_i` side by side, in rank order; backward returns *this rank's* columns of the
 # incoming gradient (every rank holds the whole `dL/dY` already, and `f` in front of the layer sums `dL/dX`).
-# The checker puts it behind your `ColumnParallelLinear` and compares with `nn.Linear` on 2 gloo ranks,
-# gradients included.
+# The checker puts it behind your `ColumnParallelLinear` and compares with `nn.Linear` on the 3 gloo ranks of
+# `CHECKERS`, gradients included, and checks the communication: forward one all-gather of Y, backward only the
+# all-reduce of dL/dX that `f` makes (the gather's backward needs none).
 
 # %% nbgrader={"grade": false, "grade_id": "gather_from_tp", "locked": false, "schema_version": 3, "solution": true}
 class MyGatherFromTP(torch.autograd.Function):
@@ -730,7 +756,7 @@ class MyGatherFromTP(torch.autograd.Function):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_gather_from_tp", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-check.gather_from_tp(MyGatherFromTP, ColumnParallelLinear, pool=GLOO)
+check.gather_from_tp(MyGatherFromTP, ColumnParallelLinear, pool=CHECKERS)
 
 # %% [markdown]
 # ### The row-parallel layer
@@ -765,7 +791,8 @@ compare.report(POOL.run(verify.row_parallel, RowParallelLinear))
 # ### The MLP: one all-reduce forward, one backward
 # Chained, the two layers need nothing between them: the column layer leaves `Y_i` on rank i, the row layer
 # wants exactly `Y_i`. Built from a one-device `nn.Sequential(Linear, GELU, Linear)` and checked against it —
-# output and every gradient, in float64 so that rounding cannot hide a bug:
+# output and every gradient, in float64 so that rounding cannot hide a bug — and by its communication: one
+# all-reduce of tokens × hidden each way:
 
 # %%
 class TensorParallelMLP(nn.Module):
@@ -846,16 +873,49 @@ claims.show(CLAIMS[("02_collectives", "02_tp_mlp")](SWEEP.data, TP.data), [SWEEP
 # **Reading it.** The cost model is `t_TP = t_1 / p + k · t_allreduce(tokens × hidden × 2 bytes)` with k = 1
 # all-reduce per forward pass and 2 per forward + backward, `t_allreduce` from section 2's alpha–beta fit.
 # Compute grows as hidden², the all-reduce only as hidden, so in the model wide layers approach the ideal
-# speedup and narrow ones lose much or all of it to the all-reduce's fixed cost. The model counts GPU time
-# only, and takes each halved matmul to last exactly half the one-GPU time. Where the measurement falls below
-# it, look for what it leaves out: the host's work per step (Python, autograd, launching every kernel and the
-# NCCL call), which a narrow layer's short step cannot hide behind the GPU's; the wait for the slower rank
-# inside each all-reduce (next subsection); and halved matmuls too small to keep the GPU as busy as the whole.
-# The verdicts: "speeds up a wide MLP" needs at least half of the ideal extra speed
-# (1.5 on 2 GPUs), "slows down a narrow one" a speedup below 1, and the model "predicts" the wide step if
-# within a quarter. That is why tensor parallelism is used within a node (NVLink) and for wide layers, and why
-# later Megatron-LM versions split each all-reduce into a reduce-scatter and an all-gather (sequence
-# parallelism, lab 09) and overlap them with the matmuls.
+# speedup and narrow ones lose much or all of it to the all-reduce's fixed cost. The verdicts: "speeds up a
+# wide MLP" needs at least half of the ideal extra speed (1.5 on 2 GPUs), "slows down a narrow one" a speedup
+# below 1, and the model "predicts" a step if within a quarter — at every width measured. A wide layer's step
+# is almost all t_1 / p, so there the whole step agrees with nearly any communication term; the model's
+# communication term is therefore also judged on its own, against what the step takes beyond t_1 / p, at every
+# width. The table below puts the terms side by side, with the forward all-reduce the profiler saw inside the
+# step (the longest rank's kernel) and its transfer (the shortest rank's).
+
+# %% tags=["nbval-ignore-output"]
+terms = [model_terms(r, N_TP, FIT) for r in TP_ROWS]
+display(pd.DataFrame({"t_1 / p (ms)": [t["compute_ms"] for t in terms],
+                      "model: 2 all-reduces (ms)": [t["comm_ms"] for t in terms],
+                      "measured: step - t_1 / p (ms)": [t["beyond_ms"] for t in terms],
+                      "measured / model": [t["beyond_ms"] / t["comm_ms"] for t in terms],
+                      "TP step (ms)": [t["measured_ms"] for t in terms],
+                      "fwd all-reduce in the step (ms)": [r.get("allreduce_fwd_ms") for r in TP_ROWS],
+                      "its transfer (ms)": [r.get("allreduce_fwd_kernel_ms") for r in TP_ROWS]},
+                     index=pd.Index(hs, name="hidden")).round(3))
+a, b = TP_ROWS[0], TP_ROWS[1]
+print(f"[{TP.label}] hidden {a['hidden']} -> {b['hidden']}: "
+      f"{(b['hidden'] * b['ffn_hidden']) / (a['hidden'] * a['ffn_hidden']):g}x the FLOPs; one GPU "
+      f"{a['one_gpu_train_ms']:.3f} -> {b['one_gpu_train_ms']:.3f} ms, TP step {a['tp_train_ms']:.3f} -> "
+      f"{b['tp_train_ms']:.3f} ms ({b['tp_train_ms'] / a['tp_train_ms']:.2f}x)")
+
+# %% [markdown]
+# **Where the model fails, and why.** The model counts GPU time only: each halved matmul lasting exactly half
+# the one-GPU time, and each all-reduce lasting what a standalone all-reduce of its size lasts. Read the table
+# against those two assumptions:
+# * where the one-GPU step and the TP step barely change while the work grows several-fold (the printed line
+#   compares the two narrowest widths), neither is paced by the GPU's work but by a fixed cost per step: the
+#   host's Python, autograd and kernel launches. Such a floor does not divide by p, so t_1 / p is wrong there
+#   before any communication is counted, and the TP step's floor is higher than one GPU's: it also issues the
+#   NCCL calls and runs the autograd Functions `f` and `g`. The model has no term for either, so it is off by
+#   that floor, however right the all-reduce's alpha–beta fit;
+# * where the forward all-reduce inside the step lasts much longer than its transfer, the difference is the
+#   first rank's GPU waiting inside the kernel for the other rank to arrive — again host time, seen on the
+#   device (the next subsection measures it call by call);
+# * where both hold little and `step − t_1 / p` still exceeds the all-reduces, the halved matmuls do not run at
+#   half the time: smaller matrices keep the GPU less busy than the whole.
+#
+# That is why tensor parallelism is used within a node (NVLink) and for layers wide enough that compute hides
+# these fixed costs, and why later Megatron-LM versions split each all-reduce into a reduce-scatter and an
+# all-gather (sequence parallelism, lab 09) and overlap them with the matmuls.
 #
 # ### What an all-reduce costs inside a step
 # The measurement also profiled a few TP steps (`torch.profiler`) and kept, on every rank, the device time of
@@ -1022,4 +1082,5 @@ claims.table(claims.judge(CLAIMS, AS_WRITTEN, SWEEP, OBJ, PART, (SWEEP, TP), BAS
 # %%
 if GLOO is not POOL:
     GLOO.close()
+CHECKERS.close()
 POOL.close()

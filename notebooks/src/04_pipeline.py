@@ -5,9 +5,10 @@
 # 1. Split a model across GPUs — in one process with `.to()`, then across ranks with `send`/`recv` — and prove
 #    that the split computes exactly what one device computes, forward and backward; find out why the split can
 #    *look* faster than one GPU.
-# 2. Read and run the GPipe loop (micro-batches, sends and receives between stages, gradient accumulation),
-#    predict its bubble (p−1)/(m+p−1), measure it for m = 1 … 16, and account for the difference part by part —
-#    with what is left unexplained printed too.
+# 2. Write the 1F1B order of forwards and backwards for p stages and m micro-batches, derive the bubble from its
+#    simulation, then read and run the GPipe loop (micro-batches, sends and receives between stages, gradient
+#    accumulation), measure its bubble for m = 1 … 16, and account for the difference part by part — with what is
+#    left unexplained printed too.
 # 3. Run the same model with `torch.distributed.pipelining` (GPipe and 1F1B), predict each stage's peak memory
 #    from its parts, and write the 1F1B loop yourself.
 #
@@ -15,7 +16,7 @@
 # reasons (part 1) live. Every correctness check runs live everywhere (gloo ranks on CPU tensors); a
 # measurement that needs more GPUs than the machine has is the one this notebook recorded, labelled so.
 #
-# **Time:** 60 min of study (two exercises: the bubble formula, the 1F1B loop); about 20 s to run on 2×H200,
+# **Time:** 75 min of study (two exercises: the 1F1B order, the 1F1B loop); under 40 s to run on 2×H200,
 # about 12 s on a 2-core CPU.
 
 # %% [markdown]
@@ -36,9 +37,10 @@ import torch.nn.functional as F
 import labutils
 from labutils import bandwidth, claims, hw, plots, recorded
 from labutils.checks import lab04 as check
-from labutils.labs.lab04_pipeline import analysis, boost, measure, model, naive, pipelining, verify
+from labutils.labs.lab04_pipeline import analysis, boost, measure, model, naive, pipelining, power, verify
 from labutils.labs.lab04_pipeline import schedule as pipeline   # stages, the bubble, schedules, their simulation
-from labutils.labs.lab04_pipeline.claims import CLAIMS, bubble_verdicts, memory_verdicts, traffic_verdicts
+from labutils.labs.lab04_pipeline.claims import (CLAIMS, bubble_verdicts, memory_verdicts, power_timeline_verdicts,
+                                                  traffic_verdicts)
 
 MODE = hw.detect_mode()                              # "multi-gpu", "single-gpu" or "cpu"
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
@@ -151,8 +153,10 @@ plots.timeline_plot(nd["spans"], title=f"naive model parallelism, one step — {
 # **Then how can the split step be faster than one GPU?** Sharing no work, the split itself cannot be the reason.
 # A GPU does not compute at one fixed clock: its power management (GPU Boost) picks the SM clock from moment to
 # moment within the GPU's power, temperature and voltage limits, and some of those limits apply to power and
-# heat averaged over time. One GPU running steps back to back draws on that budget without a pause; each GPU of
-# the split rests while the other works, so it may compute at a higher clock. The resting one-GPU measurement
+# heat averaged over time. One GPU running steps back to back never idles; each GPU of the split idles while the
+# other works, so the averages those limits watch may stay lower and leave it a higher clock. Whether the power
+# limit is what acts is not for the power column to say (NVML's power reading is itself an average, and it lags);
+# NVML's clock-event reasons, read below during this step, say it. The resting one-GPU measurement
 # isolates that: same GPU, same work, the split's duty. If it is as fast as the split (second verdict), the
 # split's gain was the rest; the clock readings (third verdict, where NVML can be read) say whether the clock is
 # what changed. The clock and power columns show what the GPU chose in each case — a higher clock draws more
@@ -193,12 +197,42 @@ claims.show(CLAIMS["04_boost_one_gpu"](bd), boost_m)
 # **Reading the reasons.** The software power cap is the driver's power-management algorithm lowering the clock
 # because the power, averaged over a time window, is at the limit it enforces. Being an average, it is where the
 # rest acts: a GPU that idles between steps brings a lower average into the next step, and the cap leaves it a
-# higher clock while it computes. So the reason can be set in both cases (the fourth verdict FALSE) while the
-# clocks differ (the second verdict): the cap is the limit either way, and the rest changes how high it lets the
-# clock go. NVML's power reading is an average over a window too (about a second on this GPU generation), so the
+# higher clock while it computes. So the reason can be set in both cases while the clocks differ: then the cap is
+# the limit either way, and the rest changes how high it lets the clock go (the verdicts above say which case
+# this GPU was in). NVML's power reading is an average over a window too (about a second on this GPU generation), so the
 # power column mixes the computing and what came before it; the reasons, read at each sample, are what say which
 # limit acted. A thermal or hardware slowdown would be a different cause, with a different cure (cooling, not
-# duty); the last verdict says whether one acted.
+# duty); it would show in the table as a reason of its own, beside the power cap.
+#
+# ### When the limit comes on: the reasons over time
+# The readings above are pooled over a few steps. `boost.power_timeline` follows them in time, one NVML reading
+# every `boost.TIMELINE_PERIOD_S` through four phases (`boost.PHASES`): the GPU idle for `boost.TIMELINE_REST_S`
+# seconds, so that every average the limits watch falls back; the step back to back for `boost.TIMELINE_RUN_S`
+# seconds; idle again; then steps each after a pause as long as a step (the split's duty). The first reading with
+# the software power cap says *when* back-to-back work reaches the budget; the power reading at that moment, next
+# to the level it settles at, says how far behind an averaged reading is; the clock of the first step against the
+# last second's says what the rest bought. Every verdict here is decided by the reasons, on all the readings of
+# its phase.
+
+# %% tags=["nbval-ignore-output"]
+timeline_m = recorded.live_or_none("04_power_timeline", boost.power_timeline, gpus_needed=1, shows=(
+    "NVML's SM clock, power reading and clock-event reasons every 10 ms while this step runs back to back from "
+    "a rested GPU and then after pauses: when the software power cap (or a thermal / hardware slowdown) comes on, "
+    "the power reading at that moment against the level it settles at, and whether the pauses lift the cap."))
+td = timeline_m.data if timeline_m is not None else None
+b2b_readings = power.readings(td["samples"], "back to back") if td else []
+if td and not b2b_readings:
+    print("NVML could not be read here: no timeline.")
+if b2b_readings:
+    display(pd.DataFrame(power.phase_table(td["samples"], boost.PHASES)).set_index("phase").round(2))
+    cap_w = td["power_limit_w"] or max(r["power_w"] for r in b2b_readings)
+    display(plots.line_plot([r["t_s"] for r in b2b_readings], {
+        "SM clock (MHz)": [r["clock_mhz"] for r in b2b_readings], "power reading (W)": [r["power_w"] for r in b2b_readings],
+        "software power cap set (drawn at the limit, W)": [
+            cap_w if "software power cap" in power.words_of(r) else 0 for r in b2b_readings]},
+        xlabel="seconds since the first step, back to back", ylabel="MHz / W",
+        title=f"one GPU back to back after {td['rest_s']:.0f} s of rest — {timeline_m.label}"))
+    claims.show(power_timeline_verdicts(td), timeline_m)
 
 # %% [markdown]
 # ## 2 · The same split across ranks: send and recv
@@ -241,16 +275,12 @@ verify.report(POOL.run(verify.against_one_device, naive_send_recv, (1,)), "naive
 #
 # ## 3 · Pipelining: GPipe micro-batches
 #
-# GPipe (Huang et al., NeurIPS 2019) cuts the batch into m micro-batches. Stage s runs micro-batch i while
-# stage s+1 runs micro-batch i−1: after p−1 slots to fill the pipe, every stage works. With a forward of t_f
-# and a backward of t_b per micro-batch and stage, one step lasts (m + p − 1)(t_f + t_b), of which each stage
-# works m(t_f + t_b). The idle share, the **bubble**, is
-#
-# $$\text{bubble} = \frac{p-1}{m+p-1}, \qquad \text{ideal speedup over one device} = \frac{p\,m}{m+p-1}.$$
-#
-# (GPipe, arXiv:1811.06965; Megatron-LM, Narayanan et al. SC'21 §2.2.1, quotes the same idle time relative
-# to the ideal time: (p−1)/m.) The drawing below is `pipeline.simulate` of the schedule with t_b = 2 t_f and
-# free communication.
+# GPipe (Huang et al., NeurIPS 2019, arXiv:1811.06965) cuts the batch into m micro-batches. Stage s runs
+# micro-batch i while stage s+1 runs micro-batch i−1: the pipe fills, every stage works, the pipe drains. Each
+# stage still waits at the start (for the first activation to reach it) and at the end (for the last gradient to
+# come back): that idle share of the step is the **bubble**. GPipe runs **all forwards, then all backwards**;
+# the drawing below is `pipeline.simulate` of that order with a backward twice as long as a forward (t_b = 2 t_f)
+# and free communication.
 
 # %% tags=["nbval-ignore-output"]
 spans, makespan = pipeline.simulate(pipeline.schedule_order("gpipe", 2, 4), t_f=1, t_b=2)
@@ -258,25 +288,79 @@ plots.timeline_plot(spans, title="GPipe, p = 2 stages, m = 4 micro-batches (simu
                     xlabel="time (units of t_f)")
 
 # %% [markdown]
-# ### Exercise 1: the bubble
-# Write `my_bubble_fraction(p, m)`: the fraction of a GPipe step each stage sits idle.
+# ### Exercise 1: write the 1F1B order
+# GPipe's order keeps every micro-batch's activations alive on every stage until the backwards start: m of
+# them. **1F1B** (PipeDream-Flush, Narayanan et al. 2021, the schedule Megatron-LM trains with) runs the same
+# forwards and backwards in another order, so that stage s never holds more than **p − s** micro-batches'
+# activations, and the step ends no later than GPipe's.
+#
+# Write `my_1f1b_order(p, m)`: for each stage s = 0 … p − 1, the list of what it runs, in order —
+# `("F", i)` for the forward of micro-batch i, `("B", i)` for its backward. The rules:
+# * every stage runs the forward and the backward of each micro-batch 0 … m − 1 exactly once;
+# * the forward of i on stage s needs the forward of i on stage s − 1 (its activation); the backward of i on
+#   stage s needs the backward of i on stage s + 1 (its gradient) and its own forward of i (the activations it
+#   kept);
+# * each stage runs its list in order and **blocks** on its next entry until what that entry receives exists
+#   (a receive; the sends do not block — `isend`, as in the loops below): a wrong order deadlocks;
+# * stage s holds at most p − s micro-batches at once (a forward adds one, its backward frees it);
+# * the step is no longer than GPipe's.
+#
+# The checker simulates your order for 11 pairs (p, m) — m below p, equal, and far above — with t_b = 2 t_f
+# (`pipeline.simulate`, as drawn above) and judges each rule. *Hint:* start from the last stage (what can it do
+# after its first forward?), then ask how many forwards stage s must run before its first gradient can come back.
 
-# %% nbgrader={"grade": false, "grade_id": "bubble_fraction", "locked": false, "schema_version": 3, "solution": true}
-def my_bubble_fraction(p, m):
-    # ✍ your code here
+# %% nbgrader={"grade": false, "grade_id": "one_f_one_b_order", "locked": false, "schema_version": 3, "solution": true}
+def my_1f1b_order(p, m):
+    # ✍ your code here: return [[("F", 0), ...], ...], one list per stage
     ### BEGIN SOLUTION
     from labutils.solutions import lab04 as solution  # the instructor's edition: the reference answer
-    return solution.bubble_fraction(p, m)
+    return solution.one_f_one_b_order(p, m)
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "check_bubble_fraction", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-check.bubble_fraction(my_bubble_fraction)
+# %% nbgrader={"grade": true, "grade_id": "check_one_f_one_b_order", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+check.one_f_one_b_order(my_1f1b_order)
+
+# %% [markdown]
+# **The bubble, from your order.** Simulate your schedule (or, until you have written it, the lab's) and GPipe's
+# for a few p and m, with t_f = 1 and t_b = 2, and read the step in *slots* of one forward plus one backward
+# (t_f + t_b = 3): how many slots does a step last, in how many of them does each stage work, and what idle share
+# follows? Try to write the bubble as a function of p and m before reading on.
 
 # %%
-bubble_fn = check.usable_bubble(my_bubble_fraction)
-print(f"predicted bubble with p = {WS} stages:",
-      ", ".join(f"m = {m}: {bubble_fn(WS, m):.1%}" for m in measure.BENCH["ms"]))
+order_fn = check.usable_order(my_1f1b_order)
+rows = []
+for p_ in (1, 2, 4, 8):
+    for m_ in (1, 4, 16):
+        order = order_fn(p_, m_)
+        spans, makespan = pipeline.simulate(order, t_f=1, t_b=2)
+        _, gpipe_makespan = pipeline.simulate(pipeline.schedule_order("gpipe", p_, m_), t_f=1, t_b=2)
+        rows.append({"p": p_, "m": m_, "step (slots)": makespan / 3, "GPipe step (slots)": gpipe_makespan / 3,
+                     "each stage works (slots)": m_, "bubble (%)": 100 * pipeline.bubble_from_spans(spans)["mean"],
+                     "held per stage": pipeline.peak_in_flight(order)})
+pd.DataFrame(rows).set_index(["p", "m"]).round(1)
+
+# %% tags=["nbval-ignore-output"]
+spans, makespan = pipeline.simulate(order_fn(4, 8), t_f=1, t_b=2)
+plots.timeline_plot(spans, title="your 1F1B order, p = 4 stages, m = 8 micro-batches (simulated)",
+                    xlabel="time (units of t_f)")
+
+# %% [markdown]
+# **What the table says.** A step lasts m + p − 1 slots whichever order runs: m slots to push every micro-batch
+# through a stage, and p − 1 more in which the first forward travels down the pipe and the last gradient comes back.
+# Each stage works in m of them, so the idle share is
+#
+# $$\text{bubble} = \frac{p-1}{m+p-1}, \qquad \text{ideal speedup over one device} = \frac{p\,m}{m+p-1},$$
+#
+# GPipe's formula (arXiv:1811.06965; Megatron-LM, Narayanan et al. SC'21 §2.2.1, quotes the same idle time
+# relative to the ideal time: (p−1)/m). 1F1B does not shrink the bubble; it shrinks the activations held (the
+# last column). The formula assumes what the simulation assumed: equal stages, free transfers, a GPU that always
+# has its next operation queued. The measurement below shows what a real step adds.
+
+# %%
+print(f"bubble of your order with p = {WS} stages (t_b = 2 t_f, simulated):",
+      ", ".join(f"m = {m}: {pipeline.bubble_from_spans(pipeline.simulate(order_fn(WS, m))[0])['mean']:.1%}"
+                for m in measure.BENCH["ms"]))
 
 # %% [markdown]
 # **Predict.** On the reference machine (p = 2), what bubble will we *measure* at m = 8 (a fraction), and
@@ -508,10 +592,9 @@ pd.DataFrame(comm.data["ops"])[["what", "size_bytes", "count_per_step", "measure
 # ```
 #
 # (`pipelining.make_schedule` / `pipelining.run_schedule`.) Torch divides the accumulated gradients by m
-# (`scale_grads=True`), which is our loss / m. **1F1B** (PipeDream-Flush, Narayanan et al. 2021) runs p − s
-# forwards on stage s, then alternates one backward and one forward: same bubble as GPipe, but stage s holds at
-# most p − s micro-batches' activations instead of m. Are they the same model as ours? Checked on `WS` ranks,
-# m = p and 2p:
+# (`scale_grads=True`), which is our loss / m. `Schedule1F1B` runs the order of exercise 1: same bubble as GPipe,
+# but stage s holds at most p − s micro-batches' activations instead of m. Are they the same model as ours?
+# Checked on `WS` ranks, m = p and 2p:
 
 # %%
 SCHEDULES = pipelining.available_schedules()
@@ -579,9 +662,9 @@ if mem["one micro-batch kept"][0] is not None:
 # prediction that counts only activations misses them.
 #
 # ### Exercise 2: the 1F1B loop
-# Write `my_1f1b_step`, with the contract of `gpipe_step` (no `span` needed): stage s runs min(m, p − s)
-# forwards, then alternates one backward (the oldest micro-batch it holds) and one forward, then runs the
-# backwards left. Two things to get right:
+# Write `my_1f1b_step`, with the contract of `gpipe_step` (no `span` needed), running the order of exercise 1
+# (stage s = rank s): its forwards and backwards as `gpipe_step` runs them, in 1F1B's order. Two things to get
+# right:
 # * free what a backward no longer needs (drop your references to the micro-batch's input and output), or the
 #   order buys no memory;
 # * send with `dist.isend` (keep the tensor and the work, wait at the end): a blocking `send` waits until the
@@ -636,7 +719,8 @@ widgets.interactive(explore,
 # The claims of this lab, judged from the numbers measured above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.judge(CLAIMS, naive_m, bench, boost_m))
+claims.table(claims.judge(CLAIMS, naive_m, bench, boost_m)
+             + (claims.sourced(power_timeline_verdicts(td), timeline_m) if b2b_readings else []))
 
 # %% [markdown]
 # * Splitting a model over GPUs computes exactly the same thing (checked to float64 precision, forward and

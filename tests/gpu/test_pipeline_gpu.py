@@ -98,3 +98,19 @@ def test_measure_rank_over_nccl(no_leaks):
     assert set(d["schedules_ms"]) == {"gpipe", "1f1b"}
     ops = measure.comm_summary(d)["ops"]
     assert len(ops) == 2 * len(SMALL_BENCH["ms"]) and all(op["measured_ms"] > 0 for op in ops)
+
+
+@needs_gpus(1)
+def test_power_timeline_on_one_gpu_reads_the_reasons_in_every_phase():
+    from labutils.labs.lab04_pipeline import boost, power
+    from labutils.labs.lab04_pipeline.claims import power_timeline_verdicts
+    data = boost.power_timeline(rest_s=0.3, run_s=0.6)   # the lab's own step
+    json.dumps(data)  # JSON-able, as a recording must be
+    phases = {s["phase"] for s in data["samples"]}
+    assert phases == set(boost.PHASES)
+    assert all(s["t_s"] >= 0 and s["clock_mhz"] > 0 for s in data["samples"])
+    assert data["step_ms"]["back to back"] and data["step_ms"]["rested steps"]
+    assert power.readings(data["samples"], "back to back") and power.readings(data["samples"], "rested steps")
+    assert any(s["reasons"] is not None for s in data["samples"]), "NVML gave no clock-event reasons"
+    verdicts = power_timeline_verdicts(data)
+    assert {v.verdict for v in verdicts} <= {"TRUE", "FALSE"} and len(verdicts) >= 4

@@ -11,6 +11,11 @@ where it is (power cap, thermal slowdown, hardware slowdown, ...; ``hw.CLOCK_EVE
 
 Where NVML cannot be read (no GPU, no nvidia-ml-py, a driver without the query) the step times are
 still measured and ``data["nvml"]`` holds None.
+
+``power_timeline`` reads the same over time, from a rested GPU on: when each reason comes on while the
+steps run back to back, and whether it is set while the GPU computes a step after resting one::
+
+    data = boost.power_timeline()                  # ~12 s on cuda:0; data["samples"]: one dict per reading
 """
 from __future__ import annotations
 
@@ -160,3 +165,98 @@ def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
             "one_gpu_rested_ms": statistics.median(rested), "one_gpu_rested_samples_ms": rested,
             "rest_ms": rest_s * 1e3, "power_limit_w": limit,
             "nvml": {"back to back": summary(b2b), "rested": summary(rested_readings)}}
+
+
+TIMELINE_REST_S = 3.0   # idle before the run: the averages the limits watch fall back (no reason set after it)
+TIMELINE_RUN_S = 3.0    # each run: several power-averaging windows of about a second
+TIMELINE_PERIOD_S = 0.01
+PHASES = ("rest", "back to back", "rest again", "rested steps")
+
+
+def _read_until(probe: NvmlProbe, t0: float, phase: str, computing: bool, done, samples: list,
+                period_s: float) -> None:
+    """Read ``probe`` every ``period_s`` until ``done()``; each reading gets ``phase``, ``computing`` and
+    ``t_s`` (seconds since ``t0``, host clock)."""
+    next_read = 0.0
+    while not done():
+        now = time.perf_counter()
+        if now >= next_read:
+            r = probe.read()
+            if r is not None:
+                samples.append({"phase": phase, "t_s": round(now - t0, 4), "computing": computing, **r})
+            next_read = now + period_s
+        time.sleep(0.0002)
+
+
+def power_timeline(cfg=None, device="cuda:0", rest_s: float = TIMELINE_REST_S, run_s: float = TIMELINE_RUN_S,
+                   period_s: float = TIMELINE_PERIOD_S) -> dict:
+    """Part 1's one-GPU training step, with NVML read every ``period_s`` through four phases (``PHASES``):
+    ``rest`` (idle ``rest_s``), ``back to back`` (steps with no pause for ``run_s``: two queued at a time,
+    so the GPU never waits for the host), ``rest again`` (idle ``rest_s``) and ``rested steps`` (for
+    ``run_s``, each step after an idle pause as long as a back-to-back step: the duty of each GPU of the
+    split). ``t_s`` counts from each phase's start; ``computing`` says whether a step was running.
+
+    Returns JSON-able data: ``samples`` (NVML readings), ``step_ms`` (per phase, each step's time from CUDA
+    events: back to back, consecutive ends; rested, start to end), ``rest_s``, ``run_s``, ``power_limit_w``.
+
+    Where NVML cannot be read there, ``samples`` is [] (and no step runs).
+
+    Raises:
+        RuntimeError: not a CUDA device.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(f"power_timeline needs a CUDA device, got {device!r}. HINT: run it on a GPU machine; "
+                           "elsewhere the notebook shows the recording.")
+    cfg = {**BENCH, **(cfg or {})}
+    dtype, L, H, N = getattr(torch, cfg["dtype"]), cfg["n_layers"], cfg["hidden"], cfg["rows"]
+    full = nn.Sequential(*make_blocks(L, H, device=dev, dtype=dtype))
+    x, y = make_batch(N, H, device=dev, dtype=dtype)
+
+    def step():
+        F.mse_loss(full(x), y).backward()
+    clock = timing.Clock(dev)
+    for _ in range(cfg["warmup"]):
+        step()
+    clock.synchronize()
+    samples: list[dict] = []
+    steps: dict[str, list[float]] = {"back to back": [], "rested steps": []}
+    with nvml_probe(dev) as probe:
+        if probe is None:  # no nvidia-ml-py, or a driver without the queries: nothing to follow
+            return {"config": cfg, "device": str(dev), "gpu": torch.cuda.get_device_name(dev), "rest_s": rest_s,
+                    "run_s": run_s, "period_s": period_s, "pause_ms": None, "power_limit_w": None,
+                    "step_ms": steps, "samples": []}
+        t0 = time.perf_counter()
+        _read_until(probe, t0, "rest", False, lambda: time.perf_counter() - t0 >= rest_s, samples, period_s)
+        t0 = time.perf_counter()
+        marks = [clock.mark()]
+        while time.perf_counter() - t0 < run_s:
+            step()
+            marks.append(clock.mark())
+            if len(marks) > 2:  # keep two steps queued: read while the older one runs
+                _read_until(probe, t0, "back to back", True, marks[-2].query, samples, period_s)
+        _read_until(probe, t0, "back to back", True, marks[-1].query, samples, period_s)
+        clock.synchronize()
+        steps["back to back"] = [clock.elapsed_ms(a, b) for a, b in zip(marks, marks[1:])]
+        pause_s = statistics.median(steps["back to back"]) / 1e3
+        t0 = time.perf_counter()
+        _read_until(probe, t0, "rest again", False, lambda: time.perf_counter() - t0 >= rest_s, samples, period_s)
+        t0 = time.perf_counter()
+        pairs = []
+        while time.perf_counter() - t0 < run_s:
+            idle_until = time.perf_counter() + pause_s
+            _read_until(probe, t0, "rested steps", False, lambda: time.perf_counter() >= idle_until, samples,
+                        period_s)
+            start = clock.mark()
+            step()
+            end = clock.mark()
+            _read_until(probe, t0, "rested steps", True, end.query, samples, period_s)
+            pairs.append((start, end))
+        clock.synchronize()
+        steps["rested steps"] = [clock.elapsed_ms(a, b) for a, b in pairs]
+        limit = probe.power_limit_w()
+    del full, x, y
+    torch.cuda.empty_cache()
+    return {"config": cfg, "device": str(dev), "gpu": torch.cuda.get_device_name(dev), "rest_s": rest_s,
+            "run_s": run_s, "period_s": period_s, "pause_ms": pause_s * 1e3, "power_limit_w": limit,
+            "step_ms": steps, "samples": samples}

@@ -104,11 +104,48 @@ def _per_stage(value, p: int, what: str) -> list[float]:
     return [float(v) for v in values]
 
 
+class ScheduleDeadlock(ValueError):
+    """A schedule in which every stage that has ops left waits for an op that can never run.
+
+    ``stuck`` maps each such stage to ``(its next op, the op it waits for)``, an op being
+    ``(kind, stage, micro-batch)``."""
+
+    def __init__(self, stuck: dict):
+        self.stuck = stuck
+        self.waits = waits = "; ".join(f"stage {s} waits at {op[0]}{op[2]} for " +
+                          ("its own " if dep[1] == s else f"stage {dep[1]}'s ") + f"{dep[0]}{dep[2]}"
+                          for s, (op, dep) in stuck.items())
+        super().__init__(f"the schedule deadlocks: {waits}. HINT: a stage runs its list in order and blocks "
+                         "on its next op until what that op receives exists; run, on each stage, the ops "
+                         "its neighbours wait for before the op that waits for them.")
+
+
+def _check_order(order) -> None:
+    if not isinstance(order, (list, tuple)) or not order:
+        raise ValueError(f"an order is a list with one list of ops per stage, got {order!r}.")
+    for s, ops in enumerate(order):
+        for op in ops:
+            if (not isinstance(op, (list, tuple)) or len(op) != 2 or op[0] not in ("F", "B")
+                    or isinstance(op[1], bool) or not isinstance(op[1], int)):
+                raise ValueError(f"stage {s}: {op!r} is not an op. HINT: an op is (\"F\", i) or (\"B\", i), "
+                                 "i the micro-batch (an int).")
+
+
+def _waits_for(kind: str, s: int, i: int, p: int) -> list[tuple[str, int, int]]:
+    """The ops that (kind, i) on stage s needs done first: the previous stage's forward of i; the next
+    stage's backward of i and this stage's own forward of i (its activations)."""
+    if kind == "F":
+        return [("F", s - 1, i)] if s > 0 else []
+    return [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
+
+
 def simulate(order: list[list[tuple[str, int]]], t_f=1.0, t_b=2.0,
              t_comm=0.0) -> tuple[list[dict], float]:
-    """Run a schedule on an idealised machine: every op starts as soon as its stage is free and its
-    input has arrived (forward of micro-batch i on stage s needs stage s-1's forward of i plus the
-    forward transfer time; backward needs stage s+1's backward of i plus the backward transfer time).
+    """Run a schedule on an idealised machine: each stage runs its ops in the order given, and an op
+    starts as soon as its stage is free and its inputs exist -- the blocking receive of a loop whose
+    sends do not block (``isend``): forward of micro-batch i on stage s needs stage s-1's forward of i
+    plus the forward transfer time; backward needs stage s+1's backward of i plus the backward
+    transfer time, and stage s's own forward of i.
 
     Args:
         order: per stage, the ops in the order it runs them (``schedule_order``).
@@ -120,9 +157,10 @@ def simulate(order: list[list[tuple[str, int]]], t_f=1.0, t_b=2.0,
         (spans, makespan): spans as ``plots.timeline_plot`` takes them (times in the unit of t_f).
 
     Raises:
-        ValueError: the order deadlocks (an op waits for one that can never run), or a per-stage
-            list of the wrong length.
+        ScheduleDeadlock (a ValueError): the order deadlocks (an op waits for one that can never run).
+        ValueError: an entry that is not an op, or a per-stage list of the wrong length.
     """
+    _check_order(order)
     p = len(order)
     tf, tb = _per_stage(t_f, p, "t_f"), _per_stage(t_b, p, "t_b")
     c_f, c_b = (float(t_comm[0]), float(t_comm[1])) if isinstance(t_comm, (list, tuple)) else (float(t_comm),) * 2
@@ -135,10 +173,10 @@ def simulate(order: list[list[tuple[str, int]]], t_f=1.0, t_b=2.0,
         for s in range(p):
             while nxt[s] < len(order[s]):
                 kind, i = order[s][nxt[s]]
-                dep = (kind, s - 1, i) if kind == "F" else (kind, s + 1, i)
-                if 0 <= dep[1] < p and dep not in done:
-                    break  # input not produced yet: try the other stages
-                ready = done[dep] + (c_f if kind == "F" else c_b) if 0 <= dep[1] < p else 0.0
+                deps = _waits_for(kind, s, i, p)
+                if any(d not in done for d in deps):
+                    break  # an input not produced yet: try the other stages
+                ready = max([0.0] + [done[d] + (0.0 if d[1] == s else c_f if kind == "F" else c_b) for d in deps])
                 start = max(free[s], ready)
                 end = start + (tf[s] if kind == "F" else tb[s])
                 done[(kind, s, i)] = free[s] = end
@@ -147,9 +185,13 @@ def simulate(order: list[list[tuple[str, int]]], t_f=1.0, t_b=2.0,
                 nxt[s] += 1
                 progressed = True
         if not progressed:
-            stuck = {s: order[s][nxt[s]] for s in range(p) if nxt[s] < len(order[s])}
-            raise ValueError(f"the schedule deadlocks: next ops {stuck} all wait for each other. "
-                             "HINT: a stage must run F before B of a micro-batch, in a consistent order.")
+            stuck = {}
+            for s in range(p):
+                if nxt[s] < len(order[s]):
+                    kind, i = order[s][nxt[s]]
+                    dep = next(d for d in _waits_for(kind, s, i, p) if d not in done)
+                    stuck[s] = ((kind, s, i), dep)
+            raise ScheduleDeadlock(stuck)
     return spans, max(free)
 
 
