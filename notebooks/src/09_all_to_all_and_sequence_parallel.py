@@ -223,7 +223,9 @@ claims.show(CLAIMS["09_a2a_sweep"](A2A.data), A2A)
 # as `dist.all_to_all_single` would (split sizes may be None: even blocks), using only point-to-point
 # operations — `dist.P2POp(dist.isend, tensor, peer)`, `dist.P2POp(dist.irecv, tensor, peer)` and one
 # `dist.batch_isend_irecv(ops)`, whose requests you `wait()` on. Your own block is a local copy. This is the
-# fallback for a backend that lacks a form of all-to-all; the checker runs it on 3 gloo ranks.
+# fallback for a backend that lacks a form of all-to-all. The checker runs it on 3 gloo ranks and counts, with
+# the ledger (`instruments.ledger.Ledger`, introduced in section 3), what each rank sends: exactly the blocks its peers need, no more — a right output
+# bought by sending everything to everyone fails.
 
 # %% nbgrader={"grade": false, "grade_id": "all_to_all_p2p", "locked": false, "schema_version": 3, "solution": true}
 def my_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None):
@@ -493,7 +495,8 @@ claims.show(CLAIMS[("09_a2a_sweep", "09_moe")](A2A.data, MOE.data), {"all_to_all
 # Write `my_dispatch_with_capacity(x, dest, capacity, group)`: `x` is (tokens, hidden), `dest` each token's
 # expert (= rank). Return `(received, kept)`: `received` is (world_size · capacity, hidden), block s being the
 # slot rank s filled for this rank's expert, and `kept` a bool tensor saying which of this rank's tokens were
-# sent. One even `dist.all_to_all_single`. The checker runs it on 3 gloo ranks.
+# sent. The checker runs it on 3 gloo ranks and counts what each rank issued and sent: a capacity dispatch
+# needs one even all-to-all and nothing else.
 
 # %% nbgrader={"grade": false, "grade_id": "dispatch_with_capacity", "locked": false, "schema_version": 3, "solution": true}
 def my_dispatch_with_capacity(x, dest, capacity, group=None):
@@ -668,7 +671,9 @@ for name, sp in (("TP", False), ("SP", True)):
 # ### Exercise 3 — the gradient all-reduce of sequence parallelism
 # Write `my_sync_sp_grads(block, group)`, called after backward on a `ParallelBlock` with
 # `sequence_parallel=True`: sum over ranks the gradients that are partial, and only those. The checker runs
-# it on 3 gloo ranks; the notebook uses your function from here on (or the checker's stand-in, if you skip it).
+# it on 3 gloo ranks, compares every gradient with the one-device block's, and counts the bytes your sync
+# sends: no more than an all-reduce of the partial gradients. The notebook uses your function from here on
+# (or the checker's stand-in, if you skip it: right gradients, at a far higher price in bytes).
 
 # %% nbgrader={"grade": false, "grade_id": "sync_sp_grads", "locked": false, "schema_version": 3, "solution": true}
 def my_sync_sp_grads(block, group=None):
@@ -720,8 +725,10 @@ activations = TRAFFIC[TRAFFIC.phase != "gradient sync"].groupby("layer")["wire_b
 grad_sync = TRAFFIC[TRAFFIC.phase == "gradient sync"]["wire_bytes"].sum()
 print(f"bytes one rank sends for the activations, forward + backward: TP {activations['TP']:,.0f}, "
       f"SP {activations['SP']:,.0f}; equal: {activations['TP'] == activations['SP']}")
-print(f"SP's gradient sync adds {grad_sync:,.0f} bytes: 3 vectors of hidden = {TRAFFIC_SHAPE['hidden']} values, "
-      "however long the sequence")
+partial_sum = bandwidth.bus_factor("all_reduce", POOL.world_size) * 3 * TRAFFIC_SHAPE["hidden"] * 8   # float64
+print(f"SP's gradient sync adds {grad_sync:,.0f} bytes; an all-reduce of its 3 partial gradients (vectors of "
+      f"hidden = {TRAFFIC_SHAPE['hidden']} values, however long the sequence) sends {partial_sum:,.0f}: "
+      f"the same: {abs(grad_sync - partial_sum) < 0.5}")
 if my_prediction_sp_wire_ratio is not None:
     print(f"your prediction: {my_prediction_sp_wire_ratio}; counted: {activations['SP'] / activations['TP']:.2f}")
 
@@ -871,7 +878,8 @@ compare.report(POOL.run(verify.dtensor_matches, Block, ParallelBlock, tp_plan, k
 # and output are this rank's slice of the sequence (dim 0), like `ParallelBlock(..., sequence_parallel=True)`.
 # You need `SequenceParallel`, `ColwiseParallel`, `RowwiseParallel` and `Shard` (imported above); read their
 # `input_layouts` / `output_layouts` arguments and `SequenceParallel`'s `sequence_dim`. The checker runs it on
-# 3 gloo ranks — DTensor runs on CPU tensors with gloo too.
+# 3 gloo ranks — DTensor runs on CPU tensors with gloo too — against one device, and compares what your plan
+# sends, forward and backward, with what the hand-written SP block sends.
 
 # %% nbgrader={"grade": false, "grade_id": "sp_plan", "locked": false, "schema_version": 3, "solution": true}
 def my_sp_plan():
