@@ -450,6 +450,15 @@ def test_all_reduce_checker():
         check.all_reduce(lambda ts, comm: list(comm.broadcast(comm.reduce_add(ts) * 2, [0, 1])), standin)
     with pytest.raises(ExerciseError, match="not a list"):
         check.all_reduce(lambda ts, comm: comm.reduce_add(ts), standin)
+    # written for two devices: right on two, wrong on the checker's default three
+    two = lambda ts, comm: list(comm.broadcast(comm.reduce_add(ts[:2]), [t.device for t in ts]))  # noqa: E731
+    check.all_reduce(two, standin)
+    with pytest.raises(ExerciseError, match="not the sum of the inputs"):
+        check.all_reduce(two)
+
+
+def test_checkers_default_to_three_devices():
+    assert check.CHECK_DEVICES >= 3
 
 
 def test_broadcast_many_checker():
