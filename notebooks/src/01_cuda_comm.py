@@ -16,7 +16,7 @@
 # With 1 GPU the single-device parts run live (the "optimised" program's CUDA trace among them); on a
 # CPU-only machine every GPU result is the recording made by this notebook's own code, labelled
 # **RECORDED** with the machine that made it.
-# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 4 s on a 2-core CPU.
+# **Time:** 75 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 4 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import math
@@ -344,7 +344,7 @@ print(f"trace: {os.path.relpath(trace)} ({trace.stat().st_size / 1e3:.0f} kB), b
 # maintainers say so plainly: "Using the kernel name is not a reliable indication of what ALGO/PROTO NCCL is
 # actually using" (NVIDIA/nccl#1595; the same for the operation, NVIDIA/nccl#714). Two reliable ways:
 # `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` makes NCCL print, per call, the size and the algorithm and
-# protocol it chose (lab 05 reads NCCL's logs); and `NCCL_PROTO=LL` / `LL128` / `Simple` forces one, so that
+# protocol it chose (lab 05 reads NCCL's logs; lab 10 reads these lines at every size of a sweep); and `NCCL_PROTO=LL` / `LL128` / `Simple` forces one, so that
 # timing the same call under each shows what each costs — a debugging switch, which NCCL's documentation
 # says not to keep set in production.
 
@@ -371,8 +371,8 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # **How we time.** One process drives all GPUs, so a sample records a CUDA event on *every* GPU's
 # current stream, runs `iters` calls back to back, records a second event on every GPU, and keeps
 # the slowest GPU's time / `iters` (`measure.time_on_devices`). Warm-ups first, medians of several samples;
-# the GPUs are synchronised between samples, so every sample starts on idle GPUs. nccl-tests, whose busbw
-# the course uses, times `iters` back-to-back calls too, but differently in three ways (its
+# the GPUs are synchronised between samples, so every sample starts on idle GPUs. nccl-tests, NCCL's own
+# benchmark (lab 06 builds one like it), times `iters` back-to-back calls too, but differently in three ways (its
 # `src/common.cu`, `BenchTime`): it reads a host clock around the loop and a `cudaStreamSynchronize` of
 # every stream, not events on the GPUs; it runs the loop once per size, not in several samples with a
 # median; and it reports the *mean* over ranks by default (`-a 1`; `-a 3` reports the maximum, `-a 2` the
@@ -394,7 +394,7 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # ### 4.1 · Tip 1: "use larger data blocks"
 #
 # A transfer of $S$ bytes costs $t(S) = \alpha + S/\beta$ (Hockney): a fixed latency $\alpha$
-# plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ is tiny for small messages
+# plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ (nccl-tests' *algbw*, the plots' and tables' GB/s here) is tiny for small messages
 # and approaches $\beta$ beyond $n_{1/2} = \alpha\beta$, the size that reaches half of it (lab 00
 # fits the same model to plain copies). We sweep 1 KiB … 1 GiB for `comm.broadcast`,
 # `comm.reduce_add` and a plain `x.to("cuda:1")`, and draw NVLink's two ceilings, line rate and data
@@ -426,7 +426,7 @@ plots.bandwidth_plot(
 BW = analysis.algbw(SWEEP.data, "comm.broadcast")
 pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
               "time (us)": [t * 1e3 for t in SWEEP.data["ops"]["comm.broadcast"]["median_ms"]],
-              "GB/s": BW, "of the best": [f"{b / max(BW):.0%}" for b in BW],
+              "algbw (GB/s)": BW, "of the best": [f"{b / max(BW):.0%}" for b in BW],
               "alpha-beta fit (GB/s)": [FITS["comm.broadcast"].predict_gbps(s) for s in SIZES]}).round(2)
 
 # %% [markdown]
@@ -450,7 +450,7 @@ claims.show(lab_claims.tip1_verdicts(SWEEP.data), SWEEP)
 #
 # The line $\alpha + S/\beta$ *adds* the two times that a loop overlaps. A sum is furthest from the larger of
 # its two terms where the two are equal, which for the fit's own terms is $n_{1/2}$: that is where to expect
-# the line to overestimate the time most (compare the table's "GB/s" and "alpha-beta fit" columns). A fit on
+# the line to overestimate the time most (compare the table's "algbw" and "alpha-beta fit" columns). A fit on
 # relative errors moves the line towards those middle sizes by making its slope shallower, so its $\beta$ can
 # come out above any bandwidth the sweep reached (lab 00 met the same with plain copies). Two more things
 # change with the size that the line does not have: NCCL picks a protocol per call — LL, LL128 or

@@ -14,7 +14,7 @@
 # a one-rank `NCCL_DEBUG=INFO` log live. Every failure is also made live on CPU ranks (gloo); what needs more
 # GPUs than the machine has is shown as recorded by this notebook's own code, and labelled so.
 #
-# **Time:** 45 min of study (two exercises); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
+# **Time:** 60 min of study (two exercises, four predictions); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
 # short timeouts, and runs independent failures side by side — about 30 s on a 2-core CPU.
 
 # %% [markdown]

@@ -23,7 +23,7 @@
 # on a one-rank mesh live (section 4), and every measurement that needs more GPUs than the machine has is the
 # recording made by this notebook's own code, labelled **RECORDED**.
 #
-# **Time:** 75 min of study (four exercises, six predictions); about 20 s to run on 2×H200, about 15 s on a
+# **Time:** 120 min of study (four exercises, seven predictions); about 20 s to run on 2×H200, about 15 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
@@ -1046,11 +1046,13 @@ claims.show(CLAIMS[("09_dtensor", "09_dtensor_one_rank")](DT.data, DT1.data),
 calls = TRAFFIC.groupby("layer")["calls"].sum()
 alpha_ms = A2A.data["ops"]["all_gather_into_tensor"]["time_ms"][0]
 one_rank = dict(zip(DT1.data["tokens"], zip(DT1.data["time_ms"]["TP"], DT1.data["time_ms"]["SP"])))
+print(f"collectives per step (ledger, above): TP {calls['TP']}, SP {calls['SP']}; times: {DT.label}; "
+      f"one rank: {DT1.label}")
 display(pd.DataFrame([{"tokens": t, "TP (ms)": tp, "SP (ms)": sp, "SP / TP": sp / tp, "SP - TP (ms)": sp - tp,
                        "extra calls x smallest all-gather (ms)": (calls["SP"] - calls["TP"]) * alpha_ms,
                        "one rank: SP - TP (ms)": (one_rank[t][1] - one_rank[t][0]) if t in one_rank else None}
                       for t, tp, sp in zip(DT.data["tokens"], DT.data["time_ms"]["TP"], DT.data["time_ms"]["SP"])])
-        .round(3).set_index("tokens").rename_axis(f"calls per step: TP {calls['TP']}, SP {calls['SP']} — {DT.label}"))
+        .round(3).set_index("tokens"))
 claims.show(CLAIMS[("09_sp_block", "09_dtensor")](SPM.data, DT.data), {"SP block run": SPM, "DTensor sweep": DT})
 
 # %% [markdown]

@@ -147,7 +147,9 @@ my_prediction_tree_root_bytes = None  # ✍ your number, in bytes
 # process group of ranks 0 … n − 1 and, on it, checks each algorithm's sum (a tensor whose length n does not
 # divide), records one call of 6144 bytes (a size every n here divides) with the communication ledger
 # (`labutils.instruments.ledger.Ledger`: every `send` the dispatcher sees, with its bytes), and then times
-# 256 B to 1 MiB the nccl-tests way — the three algorithms in turn, sample by sample, the slowest rank's time
+# 256 B to 1 MiB — back-to-back calls divided by their number, as nccl-tests does, but in several samples
+# (the three algorithms in turn, sample by sample) with the slowest rank's time, where nccl-tests reports the
+# mean over ranks unless asked for the maximum (`-a 3`)
 # (on CPU each rank adds on one thread: several ranks' thread pools on a few cores would spin against each other).
 # The counts first: they are exact, the same on every machine.
 
