@@ -150,9 +150,10 @@ pd.DataFrame(GLOO.run(gloo_uneven_forms)).rename_axis("rank")
 # all-gather of the same S put the same bytes on the same link in each direction.
 #
 # They do not run the same code. The all-gather is a ring collective: NCCL's collective kernel, on the
-# channels NCCL assigns to collectives. The all-to-all is point-to-point work: PyTorch posts one `ncclSend`
-# and one `ncclRecv` per peer inside one group, and NCCL 2.28's own `ncclAlltoAll`, on its default kernel
-# path, turns into the same per-peer send and receive tasks (`taskAppend` in NCCL's `src/enqueue.cc`). NCCL
+# channels NCCL assigns to collectives. The all-to-all is point-to-point work either way: PyTorch posts one
+# `ncclSend` and one `ncclRecv` per peer inside one group — or, for even splits, where it is built with NCCL
+# 2.28 or later, calls NCCL's own `ncclAlltoAll` (added in NCCL 2.28.3), which on its default kernel path turns
+# into the same per-peer send and receive tasks (`taskAppend` in NCCL's `src/enqueue.cc`). NCCL
 # sets up point-to-point channels separately from the collective ones (its `NCCL_DEBUG=INFO` log, lab 05,
 # prints both: `… coll channels, … p2p channels per peer`). Lab 02 measured both paths between the same two
 # GPUs: the all-gather was held below the link by the number of channels NCCL gave it (more CTAs, more
