@@ -457,6 +457,26 @@ def test_all_reduce_checker():
         check.all_reduce(two)
 
 
+def test_all_reduce_checker_counts_the_bytes():
+    # right sums, but every input broadcast to every device first: (n - 1) times the bytes of the pair
+    def everything_to_everyone(ts, comm):
+        copies = [comm.broadcast(t, [x.device for x in ts]) for t in ts]
+        total = comm.reduce_add([c[0] for c in copies])
+        return list(comm.broadcast(total, [t.device for t in ts]))
+    with pytest.raises(ExerciseError, match="sending every input to every device"):
+        check.all_reduce(everything_to_everyone)
+
+
+def test_bytes_moved_by_each_call():
+    t = torch.ones(4)                          # 16 bytes
+    assert devices.bytes_moved("broadcast", (t, [0, 1, 2]), {}) == 32
+    assert devices.bytes_moved("broadcast", (t,), {"out": [t, t]}) == 16
+    assert devices.bytes_moved("reduce_add", ([t, t, t],), {}) == 32
+    assert devices.bytes_moved("broadcast_coalesced", ([t, t], [0, 1]), {}) == 32
+    assert devices.bytes_moved("reduce_add_coalesced", ([[t, t], [t, t]],), {}) == 32
+    assert devices.bytes_moved("scatter", (t,), {}) == 0
+
+
 def test_checkers_default_to_three_devices():
     assert check.CHECK_DEVICES >= 3
 

@@ -81,8 +81,14 @@ def all_reduce(fn, setup: devices.CommSetup | None = None) -> None:
                     "onto one GPU) and comm.broadcast (copy to all)",
                     calls["reduce_add"] >= 1 and calls["broadcast"] >= 1, _calls_hint(calls),
                     "call comm.reduce_add, then comm.broadcast, on the `comm` you are given")
+    n, size = len(tensors), tensors[0].numel() * tensors[0].element_size()
+    if comm.bytes_moved > 2 * (n - 1) * size:
+        fail(f"the result is right, but your calls copied {comm.bytes_moved} bytes between the {n} devices; "
+             f"one reduce_add and one broadcast of the sum copy {2 * (n - 1) * size}",
+             "sum onto one device once (reduce_add of every input), then broadcast that one sum: sending every "
+             "input to every device moves n - 1 times as much")
     passed(f"my_all_reduce: every device holds the sum of all inputs (assert_close), built from "
-           f"{calls['reduce_add']} reduce_add + {calls['broadcast']} broadcast")
+           f"{calls['reduce_add']} reduce_add + {calls['broadcast']} broadcast, each input's bytes sent twice")
 
 
 def broadcast_many(fn, setup: devices.CommSetup | None = None) -> None:

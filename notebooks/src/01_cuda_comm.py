@@ -578,8 +578,8 @@ claims.show(lab_claims.many_verdicts(MANY.data), MANY)
 #
 # Broadcast a list of tensors (one dtype, different shapes) with a **single** `comm.broadcast`:
 # flatten and concatenate, broadcast, split and reshape. Return `out[k][j]`: tensor `j` on
-# `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on GPUs, a CPU stand-in
-# otherwise). This is what `broadcast_coalesced` does for one bucket, per-tensor host work included.
+# `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on three or more GPUs, a CPU stand-in
+# with three devices otherwise). This is what `broadcast_coalesced` does for one bucket, per-tensor host work included.
 
 # %% nbgrader={"grade": false, "grade_id": "broadcast_many", "locked": false, "schema_version": 3, "solution": true}
 def my_broadcast_many(tensors, devices, comm):
@@ -695,9 +695,11 @@ claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
 #
 # ### Exercise 3 — an all-reduce from reduce_add + broadcast
 #
-# Build the slow version yourself: sum every input onto one GPU with `comm.reduce_add`, then copy
-# the sum back to every input's GPU with `comm.broadcast`. Return one tensor per input, on the
-# input's device.
+# Build tip 4's slow version yourself: with `comm.reduce_add` and `comm.broadcast` only, leave on every
+# input's device the sum of all the inputs, and copy each input's bytes between devices at most twice — the
+# fewest these two calls allow. Return one tensor per input, on the input's device. The checker runs it on
+# three devices (the GPUs where there are three or more, else the CPU stand-in) and counts your calls and the
+# bytes they copy.
 
 # %% nbgrader={"grade": false, "grade_id": "all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_all_reduce(tensors, comm):
