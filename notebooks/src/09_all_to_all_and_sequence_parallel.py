@@ -186,7 +186,8 @@ plots.time_plot(A2A.data["size_bytes"], {op: v["time_ms"] for op, v in OPS.items
                 fits={"all_to_all_single": A2A_FIT}, title=f"time per call — {A2A.label}")
 
 # %% tags=["nbval-ignore-output"]
-pd.DataFrame({"size": [bandwidth.format_size(s) for s in A2A.data["size_bytes"]],
+pd.DataFrame({"S (all_to_all: the send buffer; all_gather: the gathered output)":
+              [bandwidth.format_size(s) for s in A2A.data["size_bytes"]],
               "all_to_all time (us)": [t * 1e3 for t in OPS["all_to_all_single"]["time_ms"]],
               "all_to_all busbw (GB/s)": OPS["all_to_all_single"]["busbw_gbps"],
               "alpha-beta fit (us)": [A2A_FIT.predict_ms(s) * 1e3 for s in A2A.data["size_bytes"]],
