@@ -185,6 +185,25 @@ def test_checked_all_reduce_checker(gloo3, capsys):
     with pytest.raises(ExerciseError, match="did not finish within|did not raise"):  # gloo aborts or hangs on the odd shape
         check.checked_all_reduce(never_checks, pool=gloo3)
 
+    def gathers_the_data(t):  # right answers, but it ships every rank's whole tensor to look at its shape
+        import torch.distributed as dist
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, t)
+        odd = [r for r, x in enumerate(everyone) if x.shape != everyone[0].shape]
+        if odd:
+            raise ValueError(f"rank {odd[0]} differs")
+        dist.all_reduce(t)
+        return t
+    with pytest.raises(ExerciseError, match="a fingerprint of the call"):
+        check.checked_all_reduce(gathers_the_data, pool=gloo3)
+
+    def reduces_twice(t):  # the check done by an all_reduce of the shape, then the data: two all_reduces
+        import torch.distributed as dist
+        solution.checked_all_reduce(t.new_zeros(1))  # a fingerprint exchange, and a stray all_reduce
+        return solution.checked_all_reduce(t)
+    with pytest.raises(ExerciseError, match="expected one of the tensor"):
+        check.checked_all_reduce(reduces_twice, pool=gloo3)
+
 
 def test_guarded_step_checker(gloo3, capsys):
     check.guarded_step(solution.guarded_step, pool=gloo3)
@@ -199,6 +218,16 @@ def test_guarded_step_checker(gloo3, capsys):
         return None
     with pytest.raises(ExerciseError, match="did not finish within.*Decide together"):
         check.guarded_step(local_branch, pool=gloo3)
+
+    def reduce_then_decide(rank, world_size, loss, grad):  # returns the right things, but sends the gradient
+        import torch.distributed as dist
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        ok = torch.isfinite(loss).to(torch.int32).reshape(1)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return grad / world_size if ok.item() else None
+    with pytest.raises(ExerciseError, match="decide first, then skip"):
+        check.guarded_step(reduce_then_decide, pool=gloo3)
 
 
 def test_prediction_outcome(capsys):

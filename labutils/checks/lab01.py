@@ -1,9 +1,9 @@
 """Checkers for lab 01's exercises (torch.cuda.comm).
 
 Each prints one ``✓`` line that reads the same on GPUs and on a CPU-only machine, or raises
-``ExerciseError`` with a HINT. With >= 2 GPUs the learner's code runs on ``torch.cuda.comm``;
-otherwise on ``labutils.labs.lab01_cuda_comm.devices.cpu_standin()`` (same signatures, CPU tensors), so the logic
-is checked everywhere. ``comm`` is wrapped in a call counter to see *how* a result was built.
+``ExerciseError`` with a HINT. With >= 3 GPUs the learner's code runs on ``torch.cuda.comm``;
+otherwise on ``labutils.labs.lab01_cuda_comm.devices.cpu_standin(3)`` (same signatures, CPU tensors), so the
+logic is checked everywhere, on three devices: an answer that only works for two fails. ``comm`` is wrapped in a call counter to see *how* a result was built.
 """
 from __future__ import annotations
 
@@ -26,9 +26,14 @@ def torch_flat_views(tensors):
 standin(torch_flat_views, "torch.nn.utils.parameters_to_vector / vector_to_parameters")
 
 
+CHECK_DEVICES = 3   # at least three devices: with two, "sum the first and the second" passes as a sum of all
+
+
 def _default_setup() -> devices.CommSetup:
-    enough = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-    return devices.gpu_setup() if enough else devices.cpu_standin(2)
+    """Every GPU where there are at least ``CHECK_DEVICES``; else the CPU stand-in with ``CHECK_DEVICES``
+    devices (a 2-GPU machine checks the logic on the stand-in, so that no answer written for two passes)."""
+    enough = torch.cuda.is_available() and torch.cuda.device_count() >= CHECK_DEVICES
+    return devices.gpu_setup() if enough else devices.cpu_standin(CHECK_DEVICES)
 
 
 def _built_as_asked(calls, builtin: str, builtin_hint: str, ok: bool, what: str, hint: str) -> None:
@@ -76,8 +81,14 @@ def all_reduce(fn, setup: devices.CommSetup | None = None) -> None:
                     "onto one GPU) and comm.broadcast (copy to all)",
                     calls["reduce_add"] >= 1 and calls["broadcast"] >= 1, _calls_hint(calls),
                     "call comm.reduce_add, then comm.broadcast, on the `comm` you are given")
+    n, size = len(tensors), tensors[0].numel() * tensors[0].element_size()
+    if comm.bytes_moved > 2 * (n - 1) * size:
+        fail(f"the result is right, but your calls copied {comm.bytes_moved} bytes between the {n} devices; "
+             f"one reduce_add and one broadcast of the sum copy {2 * (n - 1) * size}",
+             "sum onto one device once (reduce_add of every input), then broadcast that one sum: sending every "
+             "input to every device moves n - 1 times as much")
     passed(f"my_all_reduce: every device holds the sum of all inputs (assert_close), built from "
-           f"{calls['reduce_add']} reduce_add + {calls['broadcast']} broadcast")
+           f"{calls['reduce_add']} reduce_add + {calls['broadcast']} broadcast, each input's bytes sent twice")
 
 
 def broadcast_many(fn, setup: devices.CommSetup | None = None) -> None:

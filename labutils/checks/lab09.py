@@ -11,6 +11,8 @@ it passes, else the stand-in.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -38,18 +40,25 @@ def _first_call(fn, *args):
         return None, False
 
 
-def replicated_grads_summed(block, group=None) -> None:
-    """The stand-in for an unwritten ``my_sync_sp_grads``: found at run time, every parameter that holds
-    the same values on all ranks (replicated, as DTensor would mark it) gets its gradient summed over the
-    ranks; sharded parameters are left alone."""
-    n = dist.get_world_size(group)
-    for p in block.parameters():
-        if p.grad is None:
-            continue
-        copies = [torch.empty_like(p.detach()) for _ in range(n)]
-        dist.all_gather(copies, p.detach().contiguous(), group=group)
-        if all(torch.equal(c, copies[0]) for c in copies):
-            dist.all_reduce(p.grad, group=group)
+def standin_grad_sync(block, group=None) -> None:
+    """The stand-in for an unwritten ``my_sync_sp_grads``: on its first call for a block it finds out which
+    gradients to sum by comparing a fingerprint of every parameter across the ranks (one small all-gather),
+    remembers them on the block, and all-reduces those gradients -- right, and one collective more than the
+    exercise's answer on the first call (its checker rejects it for that)."""
+    partial = getattr(block, "labutils_standin_partial", None)
+    if partial is None:
+        params = [p for p in block.parameters()]
+        prints = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+                              for p in params])
+        everyone = [torch.empty_like(prints) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(everyone, prints, group=group)
+        same = torch.stack(everyone).eq(prints).all(dim=0).all(dim=1).tolist()
+        partial = [i for i, s in enumerate(same) if s]
+        block.labutils_standin_partial = partial
+    params = list(block.parameters())
+    for i in partial:
+        if params[i].grad is not None:
+            dist.all_reduce(params[i].grad, group=group)
 
 
 def torch_styles_sp_plan() -> dict:
@@ -62,8 +71,7 @@ def torch_styles_sp_plan() -> dict:
                 down=RowwiseParallel(output_layouts=seq))
 
 
-standin(replicated_grads_summed, "a sum of every replicated parameter's gradient (the checker's "
-                                 "replicated_grads_summed)")
+standin(standin_grad_sync, "the checker's stand-in gradient sync (labutils.checks.lab09.standin_grad_sync)")
 standin(torch_styles_sp_plan, "the checker's plan of torch's parallel styles (torch_styles_sp_plan)")
 
 
@@ -119,10 +127,14 @@ def _a2a_rank(rank: int, world_size: int, fn) -> dict:
                 raise NotImplementedError("your function raised NotImplementedError in a later case")
             return {"attempted": False, "cases": []}
         mine = got.split(outs)[rank]
+        sends = [r for r in ledger.records if r.op == "send"]
         report["cases"].append({"name": name, "equal": bool(torch.equal(got, expected)),
                                 "untouched": bool((got == -1).all()) and got.numel() > 0,
                                 "own_block": bool(torch.equal(mine, expected.split(outs)[rank])),
-                                "collective": any(r.op == "all_to_all" for r in ledger.records)})
+                                "collectives": sorted({r.op for r in ledger.records} - {"send", "recv"}),
+                                "sent_bytes": int(sum(r.wire_bytes for r in sends)),
+                                "to_itself": any(r.peer == rank and r.size_bytes for r in sends),
+                                "needed_bytes": (sum(ins) - ins[rank]) * width * x.element_size()})
     return report
 
 
@@ -135,10 +147,20 @@ def all_to_all_p2p(fn, pool=None) -> None:
         return
     for rank, r in enumerate(reports):
         for case in r["cases"]:
-            if case["collective"]:
-                fail(f"rank {rank}, {case['name']}: your function called an all-to-all collective",
+            if case["collectives"]:
+                fail(f"rank {rank}, {case['name']}: your function called a collective "
+                     f"({', '.join(case['collectives'])})",
                      "build it from point-to-point operations: dist.P2POp(dist.isend / dist.irecv, tensor, "
                      "peer) for every other rank, all posted with one dist.batch_isend_irecv")
+            if case["equal"] and case["sent_bytes"] != case["needed_bytes"]:
+                what = (f"rank {rank}, {case['name']}: the output is right, but this rank sent "
+                        f"{case['sent_bytes']} bytes where the exchange needs {case['needed_bytes']}")
+                if case["to_itself"]:
+                    fail(what, "the block for this rank itself is a local copy: output block `rank` = input "
+                               "block `rank`, no message to yourself")
+                fail(what, "send each peer only its own block (input block j, input_split_sizes[j] rows, to "
+                           "rank j): everything to everyone puts (n - 1) times the input on the wire, and the "
+                           "receivers throw most of it away")
             if case["equal"]:
                 continue
             what = f"rank {rank}, {case['name']}: output differs from dist.all_to_all_single's"
@@ -151,7 +173,8 @@ def all_to_all_p2p(fn, pool=None) -> None:
             fail(what, "output block i comes from rank i and has output_split_sizes[i] rows; input block j "
                        "goes to rank j and has input_split_sizes[j] rows")
     names = ", ".join(c["name"] for c in reports[0]["cases"])
-    passed(f"all_to_all from send/recv equals dist.all_to_all_single on {len(reports)} ranks ({names})")
+    passed(f"all_to_all from send/recv equals dist.all_to_all_single on {len(reports)} ranks ({names}); each "
+           "rank sent exactly the blocks of its peers")
 
 
 # ----------------------------------------------------------------------------- exercise 2
@@ -183,12 +206,17 @@ def _capacity_rank(rank: int, world_size: int, fn) -> dict:
     for name, dest, capacity in _capacity_cases(rank, world_size):
         x = torch.arange(dest.numel() * 4, dtype=torch.float32).reshape(-1, 4) + 100 * (rank + 1)
         want, want_kept = _expected_dispatch(rank, world_size, x, dest, capacity)
-        got, attempted = _first_call(fn, x, dest, capacity, None)
+        from labutils.instruments.ledger import Ledger
+        with Ledger() as ledger:
+            got, attempted = _first_call(fn, x, dest, capacity, None)
         if not attempted:
             if report["cases"]:
                 raise NotImplementedError("your function raised NotImplementedError in a later case")
             return {"attempted": False, "cases": []}
-        case = {"name": name, "pair": isinstance(got, (tuple, list)) and len(got) == 2}
+        case = {"name": name, "pair": isinstance(got, (tuple, list)) and len(got) == 2,
+                "calls": ledger.counts(),
+                "sent_bytes": int(ledger.wire_bytes_per_rank()),
+                "needed_bytes": (world_size - 1) * capacity * math.prod(x.shape[1:]) * x.element_size()}
         if case["pair"]:
             received, kept = got
             case["shape"] = list(getattr(received, "shape", []))
@@ -222,8 +250,14 @@ def dispatch_with_capacity(fn, pool=None) -> None:
                 fail(f"{what}: received holds the wrong rows", "slot d of the send buffer holds, in token "
                      "order, the kept tokens for expert d, then zeros; one even all_to_all_single moves "
                      "slot d to rank d")
+            calls = ", ".join(f"{n} {op}" for op, n in case["calls"].items()) or "nothing"
+            if case["calls"] != {"all_to_all": 1} or case["sent_bytes"] != case["needed_bytes"]:
+                fail(f"{what}: the rows are right, but this rank issued {calls} and sent {case['sent_bytes']} "
+                     f"bytes; a capacity dispatch needs one all_to_all that sends {case['needed_bytes']}",
+                     "with a capacity every slot's size is known before anything is sent: no counts to "
+                     "exchange, no wait for them -- one even all_to_all_single of world_size * capacity rows")
     passed(f"dispatch_with_capacity matches Switch dispatch on {len(reports)} ranks "
-           "(overflowing experts, a rank without tokens, padding)")
+           "(overflowing experts, a rank without tokens, padding), with one even all_to_all and no counts exchanged")
 
 
 # ----------------------------------------------------------------------------- exercise 3
@@ -244,13 +278,26 @@ def _sync_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
     verify.reference_grads(ref, x, dy)
     block = ParallelBlock(ref, None, sequence_parallel=True)
     block(x.chunk(world_size)[rank].clone().requires_grad_()).backward(dy.chunk(world_size)[rank])
+    from labutils import bandwidth
+    from labutils.instruments.ledger import Ledger
     before = {k: p.grad.clone() for k, p in block.named_parameters()}
-    _, attempted = _first_call(fn, block, None)
+    expected = verify.expected_grads(ref, rank, world_size)
+    with Ledger() as ledger:
+        _, attempted = _first_call(fn, block, None)
     if not attempted:
         return {"attempted": False, "status": {}}
     grads = dict(block.named_parameters())
+    partial = sum(g.numel() * g.element_size() for k, g in before.items()
+                  if not _close(g, expected[k]))            # what the sync must sum: the partial gradients
     return {"attempted": True, "status": {k: _status(grads[k].grad, e, before[k], world_size)
-                                               for k, e in verify.expected_grads(ref, rank, world_size).items()}}
+                                          for k, e in expected.items()},
+            "calls": ledger.counts(), "sent_bytes": ledger.wire_bytes_per_rank(),
+            "needed_bytes": bandwidth.bus_factor("all_reduce", world_size) * partial}
+
+
+def _close(a, b) -> bool:
+    from labutils.instruments.compare import close
+    return bool(close(a, b))
 
 
 def sync_sp_grads(fn, Block, ParallelBlock, pool=None):
@@ -258,8 +305,8 @@ def sync_sp_grads(fn, Block, ParallelBlock, pool=None):
     block's. Returns the function to use from here on (yours, or the stand-in if not attempted)."""
     reports = _run(pool, _sync_rank, fn, Block, ParallelBlock)
     if not all(r["attempted"] for r in reports):
-        say_not_attempted("my_sync_sp_grads", replicated_grads_summed.labutils_standin)
-        return replicated_grads_summed
+        say_not_attempted("my_sync_sp_grads", standin_grad_sync.labutils_standin)
+        return standin_grad_sync
     for rank, r in enumerate(reports):
         bad = {k: s for k, s in r["status"].items() if s != "ok"}
         if not bad:
@@ -277,7 +324,16 @@ def sync_sp_grads(fn, Block, ParallelBlock, pool=None):
                        "it needs the sum over ranks too")
         fail(what, "the LayerNorm saw only this rank's tokens, so its parameters hold partial gradients: "
                    "all-reduce (sum) the .grad of every parameter used on sequence shards")
-    passed(f"after your sync, every gradient of the SP block equals the one-device block's on {len(reports)} ranks")
+    for rank, r in enumerate(reports):
+        if r["sent_bytes"] > r["needed_bytes"] * (1 + 1e-9):
+            calls = ", ".join(f"{n} {op}" for op, n in r["calls"].items())
+            fail(f"rank {rank}: every gradient is right, but your sync sent {r['sent_bytes']:.0f} bytes ({calls}); "
+                 f"summing the partial gradients takes {r['needed_bytes']:.0f} (a ring all-reduce of them, "
+                 "2(n-1)/n of their bytes)",
+                 "which gradients are partial follows from where each parameter runs (on sequence shards or "
+                 "not): nothing to find out by communicating, and the sharded gradients need nothing at all")
+    passed(f"after your sync, every gradient of the SP block equals the one-device block's on {len(reports)} "
+           "ranks, for the bytes of an all-reduce of the partial gradients alone")
     return fn
 
 
@@ -312,9 +368,30 @@ def _plan_rank(rank: int, world_size: int, fn, Block, ParallelBlock) -> dict:
         result = verify.dtensor_matches(rank, world_size, Block, ParallelBlock, lambda: plan,
                                         sequence_parallel=True)
         report["bad"] = [k for k, v in result.items() if v is False]
+        if not report["bad"]:
+            report["traffic"] = _traffic_difference(rank, world_size, Block, ParallelBlock, plan)
     except Exception as exc:  # noqa: BLE001 - any failure of the learner's plan becomes a hint
         report["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return report
+
+
+def _traffic_difference(rank: int, world_size: int, Block, ParallelBlock, plan) -> list[str]:
+    """What the plan's forward and backward send (``Ledger``: calls and wire bytes per phase and op) where it
+    differs from the hand-written SP block's; empty when they agree."""
+    from labutils.labs.lab09_all_to_all import verify
+    rows = verify.traffic(rank, world_size, Block, ParallelBlock, plans={"yours": (lambda: plan, True)})
+    count = {}
+    for r in rows:
+        if r["phase"] != "gradient sync" and r["layer"] in ("SP", "yours"):
+            calls, sent = count.get((r["layer"], r["phase"], r["op"]), (0, 0.0))
+            count[(r["layer"], r["phase"], r["op"])] = (calls + r["calls"], sent + r["wire_bytes"])
+    keys = sorted({k[1:] for k in count})
+    return [f"{phase} {op}: yours {count.get(('yours', phase, op), (0, 0))[0]} call(s), "
+            f"{count.get(('yours', phase, op), (0, 0.0))[1]:.0f} bytes; SP {count.get(('SP', phase, op), (0, 0))[0]}, "
+            f"{count.get(('SP', phase, op), (0, 0.0))[1]:.0f} bytes"
+            for phase, op in keys
+            if abs(count.get(("yours", phase, op), (0, 0.0))[1] - count.get(("SP", phase, op), (0, 0.0))[1]) > 0.5
+            or count.get(("yours", phase, op), (0,))[0] != count.get(("SP", phase, op), (0,))[0]]
 
 
 def sp_plan(fn, Block, ParallelBlock, pool=None):
@@ -330,5 +407,12 @@ def sp_plan(fn, Block, ParallelBlock, pool=None):
             fail(f"rank {rank}: the parallelized block failed: {r['error']}", r["hint"])
         if r["bad"]:
             fail(f"rank {rank}: differs from the one-device block: {', '.join(r['bad'])}", r["hint"])
-    passed(f"your plan turns Block into sequence parallelism: outputs and gradients equal on {len(reports)} ranks")
+        if r["traffic"]:
+            fail(f"rank {rank}: outputs and gradients are right, but the plan communicates differently from "
+                 f"sequence parallelism: {'; '.join(r['traffic'])}",
+                 "between `up` and `down` the activations stay split by features, as in TP (ColwiseParallel's "
+                 "output and RowwiseParallel's input keep their defaults); only the block's edges change: "
+                 "one all-gather into `up`, one reduce-scatter out of `down`")
+    passed(f"your plan turns Block into sequence parallelism: outputs and gradients equal on {len(reports)} ranks, "
+           "and it sends what the hand-written SP block sends")
     return fn

@@ -131,7 +131,8 @@ def _prediction_hint(size_bytes: int, local: int, nodes: int, got: float) -> str
     if abs(got - size_bytes) <= 0.01 * size_bytes or abs(got - 2 * (nodes - 1) / nodes * size_bytes) <= 0.01 * size_bytes:
         return ("that is what crosses when the whole tensor is all-reduced across the nodes; the "
                 "reduce-scatter inside the node leaves each rank only its 1/local shard to send")
-    return "only this rank's 1/local shard crosses, in a ring all-reduce among the nodes (the table above)"
+    return ("only this rank's 1/local shard crosses, in a ring all-reduce among the nodes: section 1's ring "
+            "model gives what one rank sends for it")
 
 
 def inter_node_bytes(fn, hierarchical=None, pool=None) -> None:

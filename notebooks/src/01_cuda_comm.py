@@ -16,7 +16,7 @@
 # With 1 GPU the single-device parts run live (the "optimised" program's CUDA trace among them); on a
 # CPU-only machine every GPU result is the recording made by this notebook's own code, labelled
 # **RECORDED** with the machine that made it.
-# **Time:** 60 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 4 s on a 2-core CPU.
+# **Time:** 75 min of study (three exercises, four predictions); about 25 s to run on 2×H200, about 4 s on a 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
 import math
@@ -331,6 +331,22 @@ print(f"trace: {os.path.relpath(trace)} ({trace.stat().st_size / 1e3:.0f} kB), b
 # **Which kernels run.** NCCL calls show up as `ncclDevKernel_…` kernels on every GPU involved;
 # plain copies between GPUs as `Memcpy PtoP` (peer-to-peer over NVLink), copies within one GPU
 # as `Memcpy DtoD`. What each call launched:
+#
+# **A kernel's name is not its protocol.** NCCL moves data with one of three protocols and picks one per
+# call from the size and the link: LL (every 8-byte store carries 4 bytes of data and a 4-byte flag: the
+# lowest latency, at most half the link's bandwidth), LL128 (a flag in every 128 bytes: nearly the link's
+# bandwidth at a latency close to LL's; NCCL enables it where 128-byte stores arrive in order, as on NVLink
+# between Hopper GPUs) and Simple (plain copies and a memory fence per step: the highest bandwidth and the
+# highest latency). Names like `ncclDevKernel_Broadcast_RING_LL` end in a protocol's name, and that suffix
+# says nothing about the protocol that ran: every NCCL kernel is a dispatcher that reads its work
+# description and runs any operation, algorithm and protocol through NCCL's table of device functions; the
+# name carries the one combination compiled inline into it, to keep NCCL's binary small. NCCL's
+# maintainers say so plainly: "Using the kernel name is not a reliable indication of what ALGO/PROTO NCCL is
+# actually using" (NVIDIA/nccl#1595; the same for the operation, NVIDIA/nccl#714). Two reliable ways:
+# `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` makes NCCL print, per call, the size and the algorithm and
+# protocol it chose (lab 05 reads NCCL's logs; lab 10 reads these lines at every size of a sweep); and `NCCL_PROTO=LL` / `LL128` / `Simple` forces one, so that
+# timing the same call under each shows what each costs — a debugging switch, which NCCL's documentation
+# says not to keep set in production.
 
 # %%
 pd.DataFrame({"what ran on the GPUs": {op: ", ".join(sorted({k["kind"] for k in kernels})) or "nothing on the GPU"
@@ -339,7 +355,7 @@ pd.DataFrame({"what ran on the GPUs": {op: ", ".join(sorted({k["kind"] for k in 
 # %% tags=["nbval-ignore-output"]
 print(PROF.label)
 pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["count"], "time (us)": k["time_us"],
-               "kernel": k["name"]} for op, kernels in PROF.data["ops"].items() for k in kernels]).round(1)
+               "kernel name (not its protocol)": k["name"]} for op, kernels in PROF.data["ops"].items() for k in kernels]).round(1)
 
 # %% [markdown]
 # Read it against the table in section 2: `broadcast`, `reduce_add` and `nccl.all_reduce` run
@@ -354,9 +370,15 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 #
 # **How we time.** One process drives all GPUs, so a sample records a CUDA event on *every* GPU's
 # current stream, runs `iters` calls back to back, records a second event on every GPU, and keeps
-# the slowest GPU's time / `iters` — the nccl-tests method with GPUs in place of ranks
-# (`measure.time_on_devices`). Warm-ups first, medians of several samples; the GPUs are synchronised
-# between samples, so every sample starts on idle GPUs. The host's cost of a call (Python, the NCCL
+# the slowest GPU's time / `iters` (`measure.time_on_devices`). Warm-ups first, medians of several samples;
+# the GPUs are synchronised between samples, so every sample starts on idle GPUs. nccl-tests, NCCL's own
+# benchmark (lab 06 builds one like it), times `iters` back-to-back calls too, but differently in three ways (its
+# `src/common.cu`, `BenchTime`): it reads a host clock around the loop and a `cudaStreamSynchronize` of
+# every stream, not events on the GPUs; it runs the loop once per size, not in several samples with a
+# median; and it reports the *mean* over ranks by default (`-a 1`; `-a 3` reports the maximum, `-a 2` the
+# minimum). The course keeps the slowest GPU — nccl-tests' `-a 3` — because a collective is finished only
+# when its last participant is; with GPUs as fast as each other the two agree, and where one GPU lags, the
+# mean hides it. The host's cost of a call (Python, the NCCL
 # group launch, allocating the output) is included: it is what you pay. How much of it shows depends on
 # how the calls are issued. Back to back, the host issues the next call while the GPUs run the last one;
 # a call alone pays the host's work and then the transfer, one after the other. So that the sweep measures
@@ -372,7 +394,7 @@ pd.DataFrame([{"call": op, "GPU": k["device"], "kind": k["kind"], "count": k["co
 # ### 4.1 · Tip 1: "use larger data blocks"
 #
 # A transfer of $S$ bytes costs $t(S) = \alpha + S/\beta$ (Hockney): a fixed latency $\alpha$
-# plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ is tiny for small messages
+# plus the bytes at bandwidth $\beta$. The achieved bandwidth $S/t$ (nccl-tests' *algbw*, the plots' and tables' GB/s here) is tiny for small messages
 # and approaches $\beta$ beyond $n_{1/2} = \alpha\beta$, the size that reaches half of it (lab 00
 # fits the same model to plain copies). We sweep 1 KiB … 1 GiB for `comm.broadcast`,
 # `comm.reduce_add` and a plain `x.to("cuda:1")`, and draw NVLink's two ceilings, line rate and data
@@ -404,14 +426,14 @@ plots.bandwidth_plot(
 BW = analysis.algbw(SWEEP.data, "comm.broadcast")
 pd.DataFrame({"size": [bandwidth.format_size(s) for s in SIZES],
               "time (us)": [t * 1e3 for t in SWEEP.data["ops"]["comm.broadcast"]["median_ms"]],
-              "GB/s": BW, "of the best": [f"{b / max(BW):.0%}" for b in BW],
+              "algbw (GB/s)": BW, "of the best": [f"{b / max(BW):.0%}" for b in BW],
               "alpha-beta fit (GB/s)": [FITS["comm.broadcast"].predict_gbps(s) for s in SIZES]}).round(2)
 
 # %% [markdown]
 # **The verdicts.** The source's tip is judged by the gain from a 4 KiB block to the largest one
-# (≥ 10: an order of magnitude). A common reading of the tip — "larger blocks help up to a few MiB and
-# then have nothing left to give" — is judged at 4 MiB: "nothing left" means within 10% of the best
-# bandwidth (≥ 0.9). And the model is judged like lab 00's: one α and one β within 25% at every size.
+# (≥ 10: an order of magnitude). How far the gain goes is the table's "of the best" column: read the
+# first size within a tenth of the best, rather than a rule of thumb such as "a few MiB". And the model is
+# judged like lab 00's: one α and one β within 25% at every size.
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.tip1_verdicts(SWEEP.data), SWEEP)
@@ -428,12 +450,12 @@ claims.show(lab_claims.tip1_verdicts(SWEEP.data), SWEEP)
 #
 # The line $\alpha + S/\beta$ *adds* the two times that a loop overlaps. A sum is furthest from the larger of
 # its two terms where the two are equal, which for the fit's own terms is $n_{1/2}$: that is where to expect
-# the line to overestimate the time most (compare the table's "GB/s" and "alpha-beta fit" columns). A fit on
+# the line to overestimate the time most (compare the table's "algbw" and "alpha-beta fit" columns). A fit on
 # relative errors moves the line towards those middle sizes by making its slope shallower, so its $\beta$ can
 # come out above any bandwidth the sweep reached (lab 00 met the same with plain copies). Two more things
-# change with the size that the line does not have: NCCL picks a protocol (LL for small messages, Simple for
-# large ones) and a number of channels per call from the size, each with its own latency and bandwidth
-# (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING` prints the choice per call). `x.to(peer)`, a copy engine with no
+# change with the size that the line does not have: NCCL picks a protocol per call — LL, LL128 or
+# Simple, from the lowest latency to the highest bandwidth — and a number of channels, each choice with its own latency and bandwidth (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING`
+# prints the choice per call; the kernel's name does not, section 3). `x.to(peer)`, a copy engine with no
 # protocol or channels to pick, is the control in the plot: a bend that the broadcast shows and the peer copy
 # does not is NCCL's choice; a bend both show comes from what they share — the host's work per call, the GPUs'
 # memory, the link. Read the table, not the fit, for "how large is large enough" — and time a call the way
@@ -542,18 +564,22 @@ claims.show(lab_claims.many_verdicts(MANY.data), MANY)
 # %% [markdown]
 # **Explain.** Each call pays a fixed cost (Python, an output allocation, an NCCL group launch), so a loop
 # over $k$ tensors pays it $k$ times, however small the tensors; `broadcast_coalesced` pays it once per
-# bucket and is faster than the loop. But it still does work per tensor on the host, every call — for
+# bucket, which is what its verdict against the loop measures at every count. But it still does work per tensor on the host, every call — for
 # thousands of small tensors that work, not the link, sets its time. The fix that removes it is to
 # *keep* the tensors in one flat buffer, as views of it: then every transfer is one call on one tensor,
-# with no per-tensor work at all. That is how DDP's gradient buckets (`gradient_as_bucket_view`) and
-# FSDP's flat parameters avoid it (lab 08).
+# with no per-tensor work at all. That is how DDP's gradient buckets avoid it with
+# `gradient_as_bucket_view=True` (the gradients become views of the buckets), and how the first FSDP
+# (`FullyShardedDataParallel`) did, keeping a module's parameters as views of one `FlatParameter`. FSDP2
+# (`fully_shard`, lab 08) does not: it shards each parameter on dim 0 as a DTensor and, for each module's
+# all-gather, copies the shards into one buffer and the gathered result back out to the parameters — one
+# collective per module, paid for with two copies instead of with views.
 #
 # ### Exercise 1 — coalesce by hand
 #
 # Broadcast a list of tensors (one dtype, different shapes) with a **single** `comm.broadcast`:
 # flatten and concatenate, broadcast, split and reshape. Return `out[k][j]`: tensor `j` on
-# `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on GPUs, a CPU stand-in
-# otherwise). This is what `broadcast_coalesced` does for one bucket, per-tensor host work included.
+# `devices[k]`. Use the `comm` you are given (`torch.cuda.comm` on three or more GPUs, a CPU stand-in
+# with three devices otherwise). This is what `broadcast_coalesced` does for one bucket, per-tensor host work included.
 
 # %% nbgrader={"grade": false, "grade_id": "broadcast_many", "locked": false, "schema_version": 3, "solution": true}
 def my_broadcast_many(tensors, devices, comm):
@@ -635,14 +661,17 @@ pd.DataFrame({bandwidth.format_size(s) + " (us)": {case: ts[i]["median_ms"] * 1e
 # and a peer copy (a copy engine, over NVLink) to the other. The profile of section 3 shows which kernels ran.
 #
 # **The verdicts** (reduce-then-broadcast sends every byte twice, so a cost of at least 1.3 times the
-# all-reduce's shows it; a redundant copy, or a slower path, must cost at least 20% or 10% more, beyond noise):
+# all-reduce's shows it; a redundant copy, or a slower path, must cost at least 20% or 10% more, beyond noise).
+# None of the three claims names a size, so each is judged at both sizes measured and holds only if it holds
+# at each:
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.redundant_verdicts(RED.data, PROF.data), [RED, PROF])
 
 # %% [markdown]
 # And the fallback's copies against NCCL: between two GPUs, is a plain peer copy slower than NCCL's
-# broadcast kernel? From the sweep of section 4.1, at the large sizes (no worse means a ratio of at least 1):
+# broadcast kernel? From the sweep of section 4.1, at each of its large sizes (no worse means a ratio of at least
+# 1 at every one of them):
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
@@ -658,7 +687,7 @@ claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
 # issues a copy between GPUs on the source GPU's current stream, so the local copy and the peer copy run one
 # after the other there (section 3's profile lists the GPU each ran on). The call costs a peer copy *plus* a
 # local copy at GPU-memory speed; what the copy engine gains on NCCL's kernel pays back part or all of the
-# local copy, and the verdict at 64 MiB says whether what is left reaches its 10% bar. And
+# local copy, and the verdict's figure says at which size what is left still reaches its 10% bar. And
 # reduce-then-broadcast sends every byte twice, one direction at a time, where an all-reduce uses both
 # directions of every link at once. The factor 2 of that count assumes the all-reduce moves its bytes as fast
 # as one broadcast; compare the two in the table: the all-reduce also adds, and runs its ring in two phases
@@ -666,9 +695,11 @@ claims.show(lab_claims.peer_copy_verdicts(SWEEP.data), SWEEP)
 #
 # ### Exercise 3 — an all-reduce from reduce_add + broadcast
 #
-# Build the slow version yourself: sum every input onto one GPU with `comm.reduce_add`, then copy
-# the sum back to every input's GPU with `comm.broadcast`. Return one tensor per input, on the
-# input's device.
+# Build tip 4's slow version yourself: with `comm.reduce_add` and `comm.broadcast` only, leave on every
+# input's device the sum of all the inputs, and copy each input's bytes between devices at most twice — the
+# fewest these two calls allow. Return one tensor per input, on the input's device. The checker runs it on
+# three devices (the GPUs where there are three or more, else the CPU stand-in) and counts your calls and the
+# bytes they copy.
 
 # %% nbgrader={"grade": false, "grade_id": "all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_all_reduce(tensors, comm):

@@ -14,7 +14,7 @@
 # a one-rank `NCCL_DEBUG=INFO` log live. Every failure is also made live on CPU ranks (gloo); what needs more
 # GPUs than the machine has is shown as recorded by this notebook's own code, and labelled so.
 #
-# **Time:** 45 min of study (two exercises); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
+# **Time:** 60 min of study (two exercises, four predictions); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
 # short timeouts, and runs independent failures side by side — about 30 s on a 2-core CPU.
 
 # %% [markdown]
@@ -664,7 +664,9 @@ claims.show(CLAIMS["05_torch_timeout_nccl"](nccl_timeout.data), nccl_timeout)
 # what `TORCH_DISTRIBUTED_DEBUG=DETAIL` does for every collective.) Hint: exchange a small *fingerprint* of the
 # call first — `dist.all_gather_object` sends any picklable object — and raise only after every rank has it.
 # The checker runs your function on `CHECK_POOL`'s 3 gloo ranks (started with the lab, in the background) with
-# matching tensors and with one more element on the last rank.
+# matching tensors and with one more element on the last rank, and counts with the ledger
+# (`instruments.ledger.Ledger`) what a matching call sends: one all_reduce of the tensor, plus a fingerprint far
+# smaller than the tensor.
 
 # %% nbgrader={"grade": false, "grade_id": "checked_all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_checked_all_reduce(t):
@@ -691,8 +693,10 @@ check.checked_all_reduce(my_checked_all_reduce, pool=CHECK_POOL)
 # ```
 #
 # Write `my_guarded_step(rank, world_size, loss, grad)`: average `grad` over the ranks, unless **any** rank's
-# loss is not finite — then every rank skips the step and returns `None`. The checker makes the last rank's
-# loss NaN.
+# loss is not finite — then every rank skips the step and returns `None`. The checker runs it on
+# `CHECK_POOL`'s 3 gloo ranks, makes the last rank's loss NaN, and counts with the ledger
+# (`instruments.ledger.Ledger`) what a skipped step sends: a skipped step must not ship the gradient it throws
+# away.
 
 # %% nbgrader={"grade": false, "grade_id": "guarded_step", "locked": false, "schema_version": 3, "solution": true}
 def my_guarded_step(rank, world_size, loss, grad):

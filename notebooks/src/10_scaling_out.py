@@ -147,7 +147,9 @@ my_prediction_tree_root_bytes = None  # ✍ your number, in bytes
 # process group of ranks 0 … n − 1 and, on it, checks each algorithm's sum (a tensor whose length n does not
 # divide), records one call of 6144 bytes (a size every n here divides) with the communication ledger
 # (`labutils.instruments.ledger.Ledger`: every `send` the dispatcher sees, with its bytes), and then times
-# 256 B to 1 MiB the nccl-tests way — the three algorithms in turn, sample by sample, the slowest rank's time
+# 256 B to 1 MiB — back-to-back calls divided by their number, as nccl-tests does, but in several samples
+# (the three algorithms in turn, sample by sample) with the slowest rank's time, where nccl-tests reports the
+# mean over ranks unless asked for the maximum (`-a 3`)
 # (on CPU each rank adds on one thread: several ranks' thread pools on a few cores would spin against each other).
 # The counts first: they are exact, the same on every machine.
 
@@ -404,15 +406,19 @@ if NCCL is not None:
 # A flat ring over two nodes of L GPUs crosses the node boundary on every round. The hierarchical all-reduce
 # crosses it with as little as possible: **reduce-scatter** inside the node (each of its L ranks ends with
 # the node's sum of one 1/L shard), **all-reduce** of that shard with the ranks holding the same shard in the
-# other nodes, **all-gather** inside the node. Per rank, in a ring model:
+# other nodes, **all-gather** inside the node. What each step leaves on a rank, for a tensor of S bytes on N
+# nodes of L ranks:
 #
-# | tier | bytes one rank sends |
-# |---|---|
-# | inside the node (reduce-scatter + all-gather) | 2(L − 1)/L · S |
-# | across nodes (all-reduce of S/L among N nodes) | 2(N − 1)/N · S/L |
+# | step | group | a rank holds before | a rank holds after |
+# |---|---|---|---|
+# | reduce-scatter | its node (L ranks) | its own S bytes | one shard of S/L bytes: the node's sum of it |
+# | all-reduce | the ranks of the other nodes with the same shard (N ranks) | that shard | the shard summed over every node |
+# | all-gather | its node | the summed shard | all S bytes, summed over every rank |
 #
-# So the slow tier carries 1/L of what a flat all-reduce would send over it. This is how NCCL's tree and
-# NVLS-tree algorithms treat nodes, and how Horovod's and DeepSpeed's hierarchical all-reduces work.
+# Only the middle step crosses the node boundary, and it moves a shard, not the tensor: the slow tier carries
+# much less than a flat all-reduce would send over it. How much less follows from section 1's ring model —
+# exercise 2 works it out. This is how NCCL's tree and NVLS-tree algorithms treat nodes, and how Horovod's and
+# DeepSpeed's hierarchical all-reduces work.
 #
 # ### Exercise 1 — the hierarchical all-reduce
 # Write `my_hierarchical_all_reduce(tensor, node_group, cross_group)`: sum the 1-D `tensor` over every rank,
@@ -437,9 +443,10 @@ hierarchical_all_reduce = check.hierarchical_all_reduce(my_hierarchical_all_redu
 # %% [markdown]
 # ### Exercise 2 — predict the bytes across the boundary
 # Write `my_inter_node_bytes(size_bytes, local, nodes)`: how many bytes does one rank send across nodes in
-# the hierarchical all-reduce of `size_bytes` on `nodes` nodes of `local` ranks? The checker compares it with
-# the ring model on a few shapes and, if your all-reduce passed exercise 1, with what the ledger counts it
-# sending across the 2 "nodes" of 4 gloo ranks for 1 MiB.
+# the hierarchical all-reduce of `size_bytes` on `nodes` nodes of `local` ranks? Derive it from the table
+# above and section 1's ring model: which step crosses the boundary, among how many ranks, on how many bytes.
+# The checker compares it with the ring model on a few shapes and, if your all-reduce passed exercise 1, with
+# what the ledger counts it sending across the 2 "nodes" of 4 gloo ranks for 1 MiB.
 
 # %% nbgrader={"grade": false, "grade_id": "inter_node_bytes", "locked": false, "schema_version": 3, "solution": true}
 def my_inter_node_bytes(size_bytes, local, nodes):

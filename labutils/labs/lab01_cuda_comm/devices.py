@@ -98,12 +98,36 @@ class CpuComm:
         return False
 
 
+def bytes_moved(name: str, args: tuple, kwargs: dict) -> int:
+    """Bytes a ``torch.cuda.comm`` call copies from one device to another: a broadcast sends its tensor to
+    every destination but the source's own (one of ``devices``, or each ``out`` tensor beyond one); a
+    ``reduce_add`` brings every input but the one already at the destination; the coalesced forms add up
+    their tensors the same way. 0 for the other calls."""
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size()
+    first = args[0] if args else None
+    if name == "broadcast":
+        devices = args[1] if len(args) > 1 else kwargs.get("devices")
+        targets = len(devices) if devices is not None else len(kwargs.get("out") or ())
+        return nbytes(first) * max(targets - 1, 0)
+    if name == "broadcast_coalesced":
+        devices = args[1] if len(args) > 1 else kwargs["devices"]
+        return sum(nbytes(t) for t in first) * max(len(devices) - 1, 0)
+    if name == "reduce_add":
+        return sum(nbytes(t) for t in first) - (nbytes(first[0]) if first else 0)
+    if name == "reduce_add_coalesced":
+        return sum(sum(nbytes(t) for t in group) - nbytes(group[0]) for group in zip(*first))
+    return 0
+
+
 class CallCounter:
-    """Wraps ``comm``-like modules and counts calls by name (``.calls["broadcast"]``)."""
+    """Wraps ``comm``-like modules and counts calls by name (``.calls["broadcast"]``) and the bytes they
+    copy between devices (``.bytes_moved``, see ``bytes_moved``)."""
 
     def __init__(self, inner):
         self._inner = inner
         self.calls = collections.Counter()
+        self.bytes_moved = 0
 
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
@@ -112,5 +136,6 @@ class CallCounter:
 
         def counted(*args, **kwargs):
             self.calls[name] += 1
+            self.bytes_moved += bytes_moved(name, args, kwargs)
             return attr(*args, **kwargs)
         return counted

@@ -9,7 +9,9 @@ names) is in ``analysis``, the verdicts in ``claims``. Run it::
 
 Method: one process drives every GPU, so a sample brackets ``iters`` back-to-back calls with a
 ``timing.Clock`` mark pair on *each* device's current stream (CUDA events) and takes the slowest
-device's time / iters (the nccl-tests method, with devices in place of ranks). The host cost of a
+device's time / iters, the median of several samples. (nccl-tests also divides a loop of back-to-back calls
+by ``iters``, but reads a host clock after a stream synchronize, runs the loop once, and reports the mean
+over ranks unless ``-a 3`` asks for the maximum.) The host cost of a
 call (Python, NCCL group launch, allocation) is part of what is measured: it is what a user of this
 API pays. Every function also runs on ``devices.cpu_standin()`` (perf_counter), which is how it is
 tested.

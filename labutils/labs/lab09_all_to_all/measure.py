@@ -1,8 +1,9 @@
 """Lab 09's measurements: rank functions that sweep inside one call (``pool.run(fn, ...)[0]``).
 
 They take the notebook's own code (``dispatch``, ``MoE``, ``ExpertParallelMoE``, ``Block``,
-``ParallelBlock``, the DTensor plans) as arguments, time it the nccl-tests way
-(``timing.benchmark_collective``: back-to-back calls between CUDA events, slowest rank) and return
+``ParallelBlock``, the DTensor plans) as arguments, time it with ``timing.benchmark_collective``
+(back-to-back calls between CUDA events, the median of several samples, the slowest rank -- nccl-tests'
+``-a 3``; nccl-tests itself reads a host clock and reports the mean over ranks by default) and return
 JSON-able dicts for ``recorded.live_or_recorded``. They run on NCCL (the recordings) and on gloo
 (the tests, with tiny sizes).
 
