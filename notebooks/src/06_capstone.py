@@ -894,8 +894,8 @@ pd.DataFrame(rows).set_index("goal").round(1).rename_axis(SWEEP.label)
 claims.table(VERDICTS)
 
 # %% [markdown]
-# * `python -m labutils bench` measures every `torch.distributed` collective the nccl-tests way (warm-up,
-#   back-to-back calls, slowest rank, every result checked), times a bare loop of the same call beside its own
+# * `python -m labutils bench` measures every `torch.distributed` collective in the nccl-tests style (warm-up,
+#   back-to-back calls; the slowest rank, as nccl-tests' `-a 3`, not its default mean; every result checked), times a bare loop of the same call beside its own
 #   to measure what it adds, and with `-G N` replays CUDA graphs; it runs standalone, under torchrun and on
 #   CPU/gloo.
 # * The α of a small eager collective has two parts, the host's cost of a call and the GPU's work; the profiler

@@ -5,8 +5,8 @@ the barriers), on NCCL with one GPU per rank::
 
     POOL.run(paths.link_paths, 2**30)[0]    # {"size_bytes", "rows": [{path, engine, ..., gbps_per_direction}]}
 
-The paths, each timed the nccl-tests way (``timing.benchmark_loops``: the paths take turns sample by
-sample, slowest rank), except the last one (see there):
+The paths, each timed in the nccl-tests style (``timing.benchmark_loops``: back-to-back calls, the paths
+taking turns sample by sample, the slowest rank -- nccl-tests' ``-a 3``, not its default mean), except the last one (see there):
 
 * **copy engine**, one way and both ways at once: ``copy_`` into a buffer this process allocated on
   the peer GPU -- a DMA engine moves the bytes, no SM runs;

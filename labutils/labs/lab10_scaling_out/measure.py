@@ -3,8 +3,8 @@
 ``allreduce_sweep`` runs *in every rank* of a pool of ``max(ns)`` ranks; for each n it makes the
 sub-group of ranks ``0 .. n-1`` (every rank calls ``new_group``; only members run), checks each
 algorithm's result, counts what one call sends with the communication ledger, and times every size
-the nccl-tests way (``timing.benchmark_loops``: the algorithms take turns sample by sample, each
-sample the slowest rank's). ``combine`` turns the ranks' results into the recording's data.
+in the nccl-tests style (``timing.benchmark_loops``: back-to-back calls, the algorithms taking turns sample by
+sample, each sample the slowest rank's -- nccl-tests' ``-a 3``, not its default mean over ranks). ``combine`` turns the ranks' results into the recording's data.
 
 ``nccl_sweep`` (on GPUs) times ``dist.all_reduce`` over sizes; ``nccl_configs`` launches it once per
 environment (``NCCL_ALGO`` / ``NCCL_PROTO`` / transports are read when NCCL creates its communicator,
