@@ -156,3 +156,114 @@ def write_all(directory) -> None:
     from labutils import recorded
     for name, data in (("08_ddp", ddp()), ("08_zero", zero()), ("08_fsdp", fsdp())):
         recorded.save(name, data, fingerprint="SYNTHETIC test data | not a measurement", directory=directory)
+
+
+def build_ddp_answers() -> dict:
+    """Wrong-but-plausible answers to "build your DDP" (b) and (c), defined in a function so that cloudpickle
+    sends them by value to the ranks. Each is a class of the exercises' protocol: ``cls(model[, cap])``,
+    then ``finish()`` after every backward."""
+    import torch
+    import torch.distributed as dist
+    from labutils.solutions import lab08 as S
+
+    class Stub:
+        def __init__(self, model, *args):
+            raise NotImplementedError
+
+        def finish(self):
+            raise NotImplementedError
+
+    class AfterBackward:  # hooks only note the gradient; the all-reduces start in finish(): no overlap
+        def __init__(self, model):
+            self.ready = []
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(self.ready.append)
+
+        def finish(self):
+            handles = [dist.all_reduce(p.grad, async_op=True) for p in self.ready]
+            for h, p in zip(handles, self.ready):
+                h.wait()
+                p.grad /= dist.get_world_size()
+            self.ready.clear()
+
+    class OverlappedSum(S.OverlappedGradients):  # forgets the average
+        def start(self, p):
+            self.handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    class TensorHook:  # p.register_hook runs on the incoming gradient, before it is accumulated into p.grad
+        def __init__(self, model):
+            self.handles, self.n = [], dist.get_world_size()
+            for p in model.parameters():
+                p.register_hook(self.start)
+
+        def start(self, grad):
+            grad = grad / self.n
+            self.handles.append(dist.all_reduce(grad, async_op=True))
+            return grad
+
+        def finish(self):
+            for h in self.handles:
+                h.wait()
+            self.handles.clear()
+
+    class NeverReset(S.BucketedGradients):  # right once; the count of missing gradients is never reset
+        def finish(self):
+            pending = self.pending
+            super().finish()
+            self.pending = pending
+
+    class EarlyBucket(S.BucketedGradients):  # off by one: launches while one gradient is still missing
+        def __init__(self, model, cap):
+            super().__init__(model, cap)
+            self.pending = [len(b) - 1 for b in self.buckets]
+
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.buffers[b] /= self.world_size
+                self.handles.append(dist.all_reduce(self.buffers[b], async_op=True))
+
+        def finish(self):
+            super().finish()
+            self.pending = [len(b) - 1 for b in self.buckets]
+
+    class BucketedSum(S.BucketedGradients):
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.handles.append(dist.all_reduce(self.buffers[b], async_op=True))
+
+    class PerParameter(S.OverlappedGradients):  # (b) handed in as (c)
+        def __init__(self, model, cap):
+            super().__init__(model)
+
+    class ForwardOrder(S.BucketedGradients):  # buckets packed in forward order
+        def __init__(self, model, cap):
+            class Reversed(torch.nn.Module):
+                def __init__(self, params):
+                    super().__init__()
+                    self.ps = list(params)
+
+                def parameters(self, recurse=True):
+                    return iter(self.ps[::-1])
+            super().__init__(Reversed(model.parameters()), cap)
+
+    class FlushInFinish(S.BucketedGradients):  # every bucket, full or not, started in finish()
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+
+        def finish(self):
+            for buffer in self.buffers:
+                buffer /= self.world_size
+                self.handles.append(dist.all_reduce(buffer, async_op=True))
+            super().finish()
+
+    return {"stub": Stub, "after_backward": AfterBackward, "overlapped_sum": OverlappedSum,
+            "tensor_hook": TensorHook, "never_reset": NeverReset, "early_bucket": EarlyBucket,
+            "bucketed_sum": BucketedSum, "per_parameter": PerParameter, "forward_order": ForwardOrder,
+            "flush_in_finish": FlushInFinish}

@@ -271,6 +271,13 @@ def pool():
         yield p
 
 
+@pytest.fixture(scope="module")
+def pool3():
+    """The checkers' ranks: 3, where a 2-rank symmetry cannot hide a mistake."""
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet", timeout=300) as p:
+        yield p
+
+
 def test_by_hand_matches_one_device_and_sum_scales_lr(pool):
     r = pool.run(verify.check_by_hand, NB.replicate, NB.train_data_parallel,
                  {"average": S.average_gradients, "sum": NB.all_reduce_sum})[0]
@@ -402,7 +409,35 @@ def _wrong_answers() -> dict:
     def _zero_raises(params, shards, optimizer):
         raise RuntimeError("boom")
 
-    return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "zero_no_divide": _zero_no_divide,
+    def _flat_once(model):  # right gradients, but not the naive design: one flat all-reduce
+        import torch.distributed as dist
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]) / dist.get_world_size()
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _reduce_broadcast(model):  # a parameter server on rank 0: right gradients, twice the traffic
+        import torch.distributed as dist
+        for p in model.parameters():
+            dist.reduce(p.grad, dst=0)
+            dist.broadcast(p.grad, src=0)
+            p.grad /= dist.get_world_size()
+
+    def _half_twice(model):  # each gradient all-reduced twice (half each time): right values, 2x the bytes
+        import torch.distributed as dist
+        for p in model.parameters():
+            p.grad /= 2 * dist.get_world_size()
+            once = p.grad.clone()
+            dist.all_reduce(once)
+            dist.all_reduce(p.grad)
+            p.grad += once
+
+    return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "flat_once": _flat_once,
+            "reduce_broadcast": _reduce_broadcast, "half_twice": _half_twice,
+            "zero_no_divide": _zero_no_divide,
             "zero_no_gather": _zero_no_gather, "zero_all_reduce": _zero_all_reduce,
             "zero_raises": _zero_raises}
 
@@ -410,30 +445,90 @@ def _wrong_answers() -> dict:
 W = _wrong_answers()
 
 
-def test_average_checker(pool, capsys):
-    assert check.average_gradients(W['stub'], pool=pool) is check.torch_average_gradients
+def test_average_checker(pool3, capsys):
+    assert check.average_gradients(W['stub'], pool=pool3) is check.torch_average_gradients
     assert "not attempted" in capsys.readouterr().err
-    check.average_gradients(lambda m: check.torch_average_gradients(m), pool=pool)  # the stand-in is right
+    check.average_gradients(lambda m: check.torch_average_gradients(m), pool=pool3)  # the stand-in is right
     assert "✓" in capsys.readouterr().out
-    assert check.average_gradients(S.average_gradients, pool=pool) is S.average_gradients
+    assert check.average_gradients(S.average_gradients, pool=pool3) is S.average_gradients
+    assert "(8 all-reduces for 8 parameters" in capsys.readouterr().out
+    check.average_gradients(W['flat_once'], pool=pool3)   # one flat all-reduce: every gradient once, also right
+    assert "(1 all-reduces for 8 parameters" in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="divide the sum"):
-        check.average_gradients(W['sum_only'], pool=pool)
+        check.average_gradients(W['sum_only'], pool=pool3)
     with pytest.raises(ExerciseError, match="still each rank's own"):
-        check.average_gradients(W['no_op'], pool=pool)
+        check.average_gradients(W['no_op'], pool=pool3)
+    with pytest.raises(ExerciseError, match="besides all-reduces your step issued broadcast, reduce.*HINT"):
+        check.average_gradients(W['reduce_broadcast'], pool=pool3)  # right gradients, twice the traffic
+    with pytest.raises(ExerciseError, match="issued 16 all-reduces.*HINT: all-reduce every parameter's gradient "
+                                            "exactly once"):
+        check.average_gradients(W['half_twice'], pool=pool3)  # right gradients: halves all-reduced twice
 
 
-def test_zero_step_checker(pool, capsys):
-    assert check.zero_step(W['stub'], pool=pool) is check.averaged_then_sharded_step
+def test_checkers_refuse_a_pool_of_two_ranks(pool):
+    with pytest.raises(ValueError, match=">= 3 ranks.*HINT"):
+        check.average_gradients(S.average_gradients, pool=pool)
+
+
+def test_zero_step_checker(pool3, capsys):
+    assert check.zero_step(W['stub'], pool=pool3) is check.averaged_then_sharded_step
     assert "not attempted" in capsys.readouterr().err
-    assert check.zero_step(S.zero1_step, pool=pool) is S.zero1_step
+    assert check.zero_step(S.zero1_step, pool=pool3) is S.zero1_step
     with pytest.raises(ExerciseError, match="world_size times the average"):
-        check.zero_step(W['zero_no_divide'], pool=pool)
+        check.zero_step(W['zero_no_divide'], pool=pool3)
     with pytest.raises(ExerciseError, match="all-gather the shards"):
-        check.zero_step(W['zero_no_gather'], pool=pool)
+        check.zero_step(W['zero_no_gather'], pool=pool3)
     with pytest.raises(ExerciseError, match="but not as ZeRO-1.*HINT.*no all-reduce"):
-        check.zero_step(W['zero_all_reduce'], pool=pool)
+        check.zero_step(W['zero_all_reduce'], pool=pool3)
     with pytest.raises(ExerciseError, match="raised RuntimeError on rank 0: boom"):
-        check.zero_step(W['zero_raises'], pool=pool)
+        check.zero_step(W['zero_raises'], pool=pool3)
+
+
+# ---- build your DDP: (b) overlapped, (c) bucketed --------------------------------------------------
+B = fakes.build_ddp_answers()
+
+
+def test_bucket_layout_is_ddps_rule():
+    from labutils.labs.lab08_data_parallel import build
+    sizes = [p.numel() * p.element_size() for p in build.mlp().parameters()]
+    assert build.bucket_layout(sizes, build.BUCKET_CAP_BYTES) == [[7, 6, 5, 4], [3, 2], [1, 0]]
+    assert build.bucket_layout([4, 4, 4], 1) == [[2], [1], [0]]            # each alone
+    assert build.bucket_layout([4, 4, 4], 10**9) == [[2, 1, 0]]            # one bucket
+    assert build.bucket_layout([4, 4, 4], 8) == [[2, 1], [0]]              # full at >= the cap; last partial
+
+
+def test_overlapped_checker(pool3, capsys):
+    assert check.overlapped_gradients(B["stub"], pool=pool3) is check.AveragedAfterBackward
+    assert "not attempted: MyOverlappedGradients" in capsys.readouterr().err
+    assert check.overlapped_gradients(S.OverlappedGradients, pool=pool3) is S.OverlappedGradients
+    assert "8 all-reduces for 8 parameters, every one started during backward" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="issued after backward.*cannot overlap.*HINT.*inside the hook"):
+        check.overlapped_gradients(B["after_backward"], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times DDP's.*HINT.*divide"):
+        check.overlapped_gradients(B["overlapped_sum"], pool=pool3)
+    with pytest.raises(ExerciseError, match="before the last gradient.*HINT.*register_post_accumulate_grad_hook"):
+        check.overlapped_gradients(B["tensor_hook"], pool=pool3)
+    with pytest.raises(ExerciseError, match="issued after backward"):  # the stand-in is no answer
+        check.overlapped_gradients(check.AveragedAfterBackward, pool=pool3)
+
+
+def test_bucketed_checker(pool3, capsys):
+    assert check.bucketed_gradients(B["stub"], pool=pool3) is check.AveragedAfterBackward
+    assert "not attempted: MyBucketedGradients" in capsys.readouterr().err
+    assert check.bucketed_gradients(S.BucketedGradients, pool=pool3) is S.BucketedGradients
+    assert "3 all-reduces of [3096, 4000, 1344] bytes" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="before the last gradient it carries.*HINT.*still missing"):
+        check.bucketed_gradients(B["early_bucket"], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times DDP's"):
+        check.bucketed_gradients(B["bucketed_sum"], pool=pool3)
+    with pytest.raises(ExerciseError, match="one all-reduce per parameter.*HINT.*pack"):
+        check.bucketed_gradients(B["per_parameter"], pool=pool3)
+    with pytest.raises(ExerciseError, match="DDP's buckets for this cap carry.*HINT.*in reverse"):
+        check.bucketed_gradients(B["forward_order"], pool=pool3)
+    with pytest.raises(ExerciseError, match="issued after backward"):
+        check.bucketed_gradients(B["flush_in_finish"], pool=pool3)
+    with pytest.raises(ExerciseError, match="step 2: your step issued no all-reduce.*HINT: the first step was right"):
+        check.bucketed_gradients(B["never_reset"], pool=pool3)
 
 
 def test_zero_step_checker_on_three_ranks_with_padding(no_leaks):
