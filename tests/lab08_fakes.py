@@ -56,16 +56,16 @@ def _timeline_fields(overlap_fraction: float, excess: float, accounted: float, t
 
 def ddp(speedup: float = 1.93, overlap_best: float = 0.95, cost: float = 0.2, accounted: float = 1.0,
         tail_share: float = 0.02, one_overlap: float = 0.05, wrapper: float = 0.005, few_ctas_gain: float = 0.02,
-        saved_psi: float = 4.0, world_size: int = 2, traced: bool = True) -> dict:
+        saved_psi: float = 4.0, world_size: int = 2, traced: bool = True, comm: float = 5.6) -> dict:
     """A recording in ``measure.ddp``'s format whose verdicts sit where the arguments put them: the fastest
     configuration is 25 MB on 4 CTAs, ``few_ctas_gain`` faster than 25 MB on NCCL's default; ``cost`` is its
     exposed time over its all-reduces alone, ``accounted`` its (stretch + tail) / traced excess, ``tail_share``
-    its tail over the all-reduces alone. ``traced=False``: a run on CPU ranks (no timeline, no CTAs)."""
+    its tail over the all-reduces alone; ``comm`` the all-reduces alone (ms; the best step is about 67 ms).
+    ``traced=False``: a run on CPU ranks (no timeline, no CTAs)."""
     plain = 65.0
     no_sync = plain * (1 + wrapper)
     best_step = world_size * plain / speedup
     default25 = best_step / (1 - few_ctas_gain)
-    comm = 5.6
 
     def row(cap, ctas, step, overlap_fraction=0.9, exposed=None, tail=0.05):
         n = max(1, int(4 * PSI / (cap * 2**20)))
@@ -267,3 +267,21 @@ def build_ddp_answers() -> dict:
             "tensor_hook": TensorHook, "never_reset": NeverReset, "early_bucket": EarlyBucket,
             "bucketed_sum": BucketedSum, "per_parameter": PerParameter, "forward_order": ForwardOrder,
             "flush_in_finish": FlushInFinish}
+
+
+def build_ddp(no_sync: float = 3.0, comm: float = 1.7, hidden_b: float = 0.8, hidden_c: float = 0.85,
+              ddp_ratio: float = 1.02, standins: tuple = ()) -> dict:
+    """A recording in ``build_measure.build_ddp``'s format: the naive step exposes all of ``comm``; (b) and
+    (c) hide ``hidden_b`` / ``hidden_c`` of it; the bucketed step is ``ddp_ratio`` x DDP's."""
+    exposed = {"no_sync": 0.0, "naive": comm, "overlapped": comm * (1 - hidden_b),
+               "bucketed": comm * (1 - hidden_c)}
+    steps = {k: no_sync + v for k, v in exposed.items()}
+    steps["DDP"] = steps["bucketed"] / ddp_ratio  # DDP's row: what makes the bucketed step ddp_ratio x it
+    exposed["DDP"] = steps["DDP"] - no_sync
+    calls = {"no_sync": 0, "naive": 64, "overlapped": 64, "bucketed": 17, "DDP": 17}
+    rows = [{"name": k, "step_ms": steps[k], "exposed_ms": exposed[k], "exposed_samples_ms": [exposed[k]] * 15,
+             "all_reduces": calls[k], "size_bytes": 0 if k == "no_sync" else 537_133_056, "sizes": []}
+            for k in ("no_sync", "naive", "overlapped", "bucketed", "DDP")]
+    return {"rows": rows, "comm_ms": comm, "config": {"bucket_cap_mb": 25}, "world_size": 2,
+            "n_params": 134_283_264, "gradient_bytes": 537_133_056, "comm_fraction": comm / (no_sync + comm),
+            "standins": {k: k in standins for k in ("naive", "overlapped", "bucketed")}, "gpu": "NVIDIA H200"}

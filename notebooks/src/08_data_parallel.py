@@ -9,7 +9,9 @@
 # **Objectives**
 # 1. Write data parallelism by hand — replicate the model, split the batch, all-reduce the gradients —
 #    and prove that it trains exactly like one device on the whole batch; see what summing instead of
-#    averaging does to the learning rate.
+#    averaging does to the learning rate. Then build DDP yourself: the naive step, the step whose
+#    all-reduces start from backward's hooks, and DDP's buckets — checked against torch's DDP and by the
+#    communication they issue, and timed on a workload where communication is a large part of the step.
 # 2. Use `DistributedDataParallel` and measure what makes it fast and what communicating still costs it:
 #    gradient buckets whose all-reduce overlaps the backward (on a profiler timeline and in step times),
 #    `no_sync()` for gradient accumulation, `gradient_as_bucket_view`.
@@ -24,9 +26,11 @@
 
 # %% [markdown]
 # ## Setup
-# One `RankPool` serves the whole lab: its ranks start once (NCCL with one GPU per rank when there are
-# enough GPUs, else gloo on CPU tensors) and every experiment below is a call into them. Its output is
-# quiet; pass `output="grouped"` to `POOL.run` to see what the ranks print.
+# One `RankPool` serves the lab's experiments: its ranks start once (NCCL with one GPU per rank when there
+# are enough GPUs, else gloo on CPU tensors) and every experiment below is a call into them. Its output is
+# quiet; pass `output="grouped"` to `POOL.run` to see what the ranks print. A second pool, `CHECKS`, of 3
+# gloo ranks runs the exercises' checkers on every machine: with 2 ranks some mistakes (in the averaging, in
+# the sharding) pass by symmetry, and on CPU tensors the checkers print the same lines everywhere.
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -47,15 +51,17 @@ import labutils
 from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
 from labutils.instruments import compare
+from labutils.instruments.ledger import Ledger
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
-from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, span_trace, verify
+from labutils.labs.lab08_data_parallel import build_measure, measure, memory, model, one_gpu, overlap, span_trace, verify
 
 HAVE_FSDP2 = hasattr(fsdp, "fully_shard")  # FSDP2: public since torch 2.6
 HW = hw.describe()
 MODE = HW.mode
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)  # starts in the background
+CHECKS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the checkers' ranks
 TRACES = Path("traces").resolve()  # profiler traces (git-ignored), written when the DDP timeline runs live
 print(f"{POOL.world_size} ranks, backend {POOL.backend}; FSDP2 available: {HAVE_FSDP2}")
 HW
@@ -128,11 +134,14 @@ my_prediction_lr_factor = None  # ✍ your number: the factor that multiplies lr
 check.prediction_lr_factor(my_prediction_lr_factor, POOL.world_size)
 
 # %% [markdown]
-# ### Exercise 1: the gradient all-reduce
+# ### Build your DDP (a): the naive step
 # Write `my_average_gradients(model)`: called on every rank after `backward()`, it must leave in each
 # `p.grad` the gradient of the **whole batch's** mean loss — the same on every rank. Use
 # `dist.all_reduce` (in place, a sum by default) and `dist.get_world_size()`. The checker runs it on the
-# ranks of `POOL` after a backward on each rank's share of a batch, and compares with one device.
+# 3 ranks of `CHECKS` after a backward on each rank's share of a batch and compares with one device and
+# with torch's `DistributedDataParallel` on the same model and data; the communication ledger
+# (`instruments.ledger.Ledger`, inside the ranks) checks that every gradient was handed to an all-reduce
+# exactly once.
 
 # %% nbgrader={"grade": false, "grade_id": "average_gradients", "locked": false, "schema_version": 3, "solution": true}
 def my_average_gradients(model):
@@ -144,7 +153,7 @@ def my_average_gradients(model):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_average_gradients", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-average_gradients = check.average_gradients(my_average_gradients, pool=POOL)
+average_gradients = check.average_gradients(my_average_gradients, pool=CHECKS)
 
 # %% [markdown]
 # **Run and compare.** `verify.check_by_hand` gives every rank a *different* initialisation, calls
@@ -166,23 +175,184 @@ compare.report(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
 # SGD, or a loss scale meets it.
 
 # %% [markdown]
+# ### Build your DDP (b): start each all-reduce from backward
+# The naive step waits for the whole backward before it sends a byte, so the step pays for all of its
+# all-reduces on top of the compute. Yet backward produces the gradients one layer at a time, the last
+# layer's first, and each is final as soon as it is accumulated — long before backward reaches the first
+# layer. An all-reduce started then travels while backward computes the rest.
+#
+# PyTorch gives both halves. `p.register_post_accumulate_grad_hook(hook)` calls `hook(p)` right after
+# backward has accumulated this backward's gradient into `p.grad` (a tensor hook, `p.register_hook`, runs
+# earlier: on the incoming gradient, before it is added to `p.grad`). `dist.all_reduce(t, async_op=True)`
+# returns a handle at once; `handle.wait()` returns when the result is in `t` (on a GPU: it makes the
+# current stream wait for it, so whatever is queued after it sees the result).
+#
+# Write `MyOverlappedGradients(model)`. **Goal:** when `obj.finish()` returns — it is called after
+# `backward()` and before `optimizer.step()` — every `p.grad` holds the mean over the ranks, as in (a).
+# **Invariant:** each gradient's all-reduce starts *during* backward, as soon as that gradient has been
+# accumulated and never before; `finish()` only waits, and leaves the object ready for the next step. The
+# checker trains 2 SGD steps on 3 ranks beside torch's DDP, compares the gradients after `finish()`, and
+# reads the ledger: how many collectives were issued during `backward()` and how many in `finish()`, and how
+# many gradients existed when each one started.
+
+# %% nbgrader={"grade": false, "grade_id": "overlapped_gradients", "locked": false, "schema_version": 3, "solution": true}
+class MyOverlappedGradients:
+    """Data parallelism's gradient average, started from backward (see above)."""
+
+    def __init__(self, model):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+        self.reference = solution.OverlappedGradients(model)
+        ### END SOLUTION
+
+    def finish(self):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        self.reference.finish()
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_overlapped_gradients", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+OverlappedGradients = check.overlapped_gradients(MyOverlappedGradients, pool=CHECKS)
+
+# %% [markdown]
+# ### Build your DDP (c): buckets
+# One all-reduce per parameter pays one launch and one latency per parameter, and a model has many small
+# ones (biases, norms): lab 06 measured what a small message costs. DDP packs the gradients into
+# **buckets** and all-reduces each bucket as one flat tensor. Its rule (`compute_bucket_assignment_by_size`
+# in PyTorch's `reducer.cpp`): walk the parameters in reverse order — about the order backward produces
+# their gradients — add each to the current bucket, and close the bucket once it holds at least the cap's
+# bytes (`numel × element_size`); the last bucket may hold less. Each gradient is copied into its place in
+# its bucket's buffer when it is ready; when a bucket's last gradient has arrived, the bucket's all-reduce
+# starts.
+#
+# Write `MyBucketedGradients(model, bucket_cap_bytes)`. **Goal:** as in (b), after `finish()` every `p.grad`
+# holds the mean over the ranks. **Invariants:** one all-reduce per bucket, the buckets laid out by the rule
+# above and issued in that order; each starts during backward once — and only once — every gradient of its
+# bucket has been accumulated (the two gradients of a layer arrive in no promised order: count, per bucket,
+# what is still missing); `finish()` leaves the object ready for the next step. The checker uses a
+# 2048-byte cap on a 4-layer float64 MLP (8 parameters), so the ledger can tell the buckets apart by size.
+
+# %% nbgrader={"grade": false, "grade_id": "bucketed_gradients", "locked": false, "schema_version": 3, "solution": true}
+class MyBucketedGradients:
+    """DDP's buckets: one all-reduce per bucket, started when its last gradient is ready (see above)."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+        self.reference = solution.BucketedGradients(model, bucket_cap_bytes)
+        ### END SOLUTION
+
+    def finish(self):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        self.reference.finish()
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_bucketed_gradients", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+BucketedGradients = check.bucketed_gradients(MyBucketedGradients, pool=CHECKS)
+
+# %% [markdown]
+# ### What overlap buys, measured
+# Overlap can only hide communication that is there. `build_measure.WIDE` is a workload chosen for it: a
+# stack of wide Linear + GELU layers (large weights, little compute per byte of gradient), fp32 weights, bf16
+# autocast, SGD, on 2 GPUs. Each of your three designs trains its own copy; beside them, DDP with the same
+# bucket cap, and DDP under `no_sync()` — the same forward and backward with no communication at all: the
+# compute floor. The steps take turns sample by sample (CUDA events, each sample the slowest rank's), and
+# **exposed** is the median, over samples, of a step's time minus the `no_sync` step's beside it: what
+# communicating still costs that step. The measurement also times the bucketed design's all-reduces alone,
+# back to back on the same communicator, and reports what share of a step without overlap they are — the
+# verdicts judge overlap only where that share is at least a fifth, their stated precondition.
+#
+# **Predict.** The exposed time of your bucketed step, as a fraction of the naive step's.
+
+# %%
+my_prediction_exposed_fraction = None  # ✍ your number, between 0 and 1
+
+# %% tags=["nbval-ignore-output"]
+BUILD_M = recorded.live_or_none(
+    "08_build_ddp", lambda: build_measure.build_ddp(POOL, average_gradients, OverlappedGradients, BucketedGradients),
+    gpus_needed=2, shows="your naive, overlapped and bucketed steps against DDP's (same bucket cap) and no_sync on "
+                         "a workload whose all-reduce is a large share of the step: step and exposed times, and "
+                         "the verdicts on what overlap hid")
+if BUILD_M is not None:
+    BD = BUILD_M.data
+    print(f"{BD['n_params'] / 1e6:.0f} M parameters on {BD['world_size']} GPUs, {BD['config']['rows']} rows per "
+          f"GPU, bucket cap {BD['config']['bucket_cap_mb']:g} MB; all-reduces alone {BD['comm_ms']:.2f} ms = "
+          f"{BD['comm_fraction']:.0%} of a step without overlap   [{BUILD_M.label}]")
+    print(f"your prediction: (c) exposes {my_prediction_exposed_fraction} of (a)'s")
+    display(pd.DataFrame([{"step": r["name"] + (" (stand-in)" if BD["standins"].get(r["name"]) else ""),
+                           "step ms": r["step_ms"], "exposed ms": r["exposed_ms"], "all-reduces": r["all_reduces"]}
+                          for r in BD["rows"]]).style.format(precision=2).hide(axis="index"))
+    rows = [r for r in BD["rows"] if r["name"] != "no_sync"]
+    display(plots.bar_plot([r["name"] for r in rows], [r["exposed_ms"] for r in rows], ylabel="exposed ms",
+                           annotate="{:.2f}", title=f"communication the step still pays — {BUILD_M.label}"))
+    claims.show(lab_claims.build_verdicts(BD), BUILD_M)
+
+# %% [markdown]
+# **What this says.** The naive step's exposed time is its all-reduces, whole: nothing else runs while
+# they do. Started from the hooks, the all-reduces run beside the backward of earlier layers, and only what
+# is left when backward ends — at best the last gradient's or the last bucket's all-reduce — stays exposed.
+# Hidden is not free on a GPU (part 2 measures why: NCCL's kernels take SMs and memory bandwidth from
+# backward's), so even a perfectly overlapped step pays something over `no_sync`. Per-parameter all-reduces
+# pay a launch and a latency each; buckets pay them once per bucket but start later (a bucket waits for its
+# last gradient). The last verdict compares your buckets with DDP's at the same cap: DDP's reducer runs the
+# same algorithm in C++, and with `gradient_as_bucket_view=True` (as measured here) it also skips the copies
+# back out of the buckets that your `finish()` makes.
+
 # ## 2 · `DistributedDataParallel`
 #
 # DDP (Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020;
 # PyTorch's "DDP design" notes) runs the same algorithm, averaging like exercise 1, with three moves:
 #
 # 1. **Replication** in its constructor: rank 0's parameters and buffers are broadcast to every rank.
-# 2. **Buckets.** Gradients are grouped, in reverse order of the parameters (about the order backward
-#    produces them), into buckets of up to `bucket_cap_mb` (default 25 MiB), and each bucket is
-#    all-reduced as one flat tensor: few large messages instead of one per parameter (lab 06: small
-#    messages pay the latency).
+# 2. **Buckets**, as in your (c), with two refinements. *The first iteration uses one bucket*: with
+#    `find_unused_parameters=False` (the default) DDP cannot know the order in which backward will produce
+#    the gradients, so its first backward all-reduces every gradient in a single bucket after the last one is
+#    ready, and records the order in which they arrived. *The buckets are then rebuilt* in that order, once,
+#    before the second forward (`Reducer::rebuild_buckets` in `reducer.cpp`), with `bucket_cap_mb` (default
+#    25 MiB) as the cap — except the **first** bucket, the first gradients to arrive: when `bucket_cap_mb` is
+#    left at its default, its cap is `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB, so that the first all-reduce
+#    starts early. (In PyTorch's `distributed.py`, recent versions pass `_DEFAULT_FIRST_BUCKET_BYTES` as
+#    the reducer's `first_bucket_bytes_cap` only when `bucket_cap_mb` is left at its default — older ones
+#    always did — so with an explicit `bucket_cap_mb` the first bucket is capped like the others.) The cell
+#    below shows both on the ledger.
 # 3. **Overlap.** A hook on every parameter marks its gradient ready; when a bucket is full, its
 #    all-reduce starts on NCCL's stream while backward keeps computing earlier layers. If the all-reduces
 #    keep pace with the backward, only the last bucket's stands between the backward's end and the optimizer.
 #    A collective moves data only once every rank has launched it: a rank that reaches a bucket first
 #    waits, inside the all-reduce, for the others.
 #
-# So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce.
+# So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce. First, DDP's
+# buckets as the ledger sees them, three iterations on the `CHECKS` ranks (a 4-layer model of 1 MiB
+# weights, `bucket_cap_mb` left at its default):
+
+# %%
+def ddp_buckets_per_iteration(rank, world_size, iterations=3):
+    """The all-reduces DDP issues in each of its first iterations, read by the ledger (sizes in MiB)."""
+    net = nn.Sequential(*[nn.Linear(512, 512, bias=False) for _ in range(4)])  # 4 weights of 1 MiB each
+    ddp_net = DDP(net)  # bucket_cap_mb left at its default (25 MiB): the first bucket is capped at 1 MiB
+    sizes = []
+    for _ in range(iterations):
+        with Ledger() as book:
+            ddp_net(torch.randn(8, 512)).sum().backward()
+        sizes.append([r.size_bytes / 2**20 for r in book.records if r.op == "all_reduce"])
+    return sizes
+
+
+for i, sizes in enumerate(CHECKS.run(ddp_buckets_per_iteration)[0]):
+    print(f"iteration {i + 1}: {len(sizes)} all-reduce(s) of {', '.join(f'{s:g}' for s in sizes)} MiB")
+
+# %% [markdown]
+# The first iteration reduces all 4 MiB in one call, after the whole backward. From the second on, the
+# last layer's weight — the first gradient to arrive — fills the 1 MiB first bucket on its own and is
+# all-reduced while backward computes the other three, which share one bucket under the 25 MiB cap. The
+# sweep below passes `bucket_cap_mb` explicitly, so its first bucket is as large as the others (the
+# recording's buckets are in its data: `bucket_bytes`); and every timed step there comes after the rebuild
+# (one untimed step first).
 
 # %%
 def train_ddp(rank, world_size, batches):
@@ -515,7 +685,7 @@ def my_zero1_step(params, shards, optimizer):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_zero1_step", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-zero1_step = check.zero_step(my_zero1_step, pool=POOL)
+zero1_step = check.zero_step(my_zero1_step, pool=CHECKS)
 
 # %% [markdown]
 # **ZeRO-2.** The reduce-scatter moves into backward: a hook that runs the moment a parameter's gradient is
@@ -749,3 +919,4 @@ claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 
 # %%
 POOL.close()
+CHECKS.close()

@@ -54,7 +54,7 @@ def bucket_layout(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
     return buckets + ([current] if current else [])
 
 
-class _AfterBackward:
+class AfterBackward:
     """The naive design as the protocol: ``finish()`` calls ``fn(model)``."""
 
     def __init__(self, fn, model):
@@ -106,7 +106,7 @@ def run_reduction(rank, world_size, design: str, impl, fallback, bucket_cap_byte
     args = (m, bucket_cap_bytes) if design == "bucketed" else (m,)
     switched = False
     try:
-        obj = _AfterBackward(impl, m) if design == "naive" else impl(*args)
+        obj = AfterBackward(impl, m) if design == "naive" else impl(*args)
     except NotImplementedError:  # the stub: its finish() is the fallback's, below
         obj = None
     out = {"not_attempted": False, "sizes": sizes, "steps": []}
@@ -132,7 +132,7 @@ def run_reduction(rank, world_size, design: str, impl, fallback, bucket_cap_byte
             if step or switched:
                 raise
             switched = True
-            obj = _AfterBackward(fallback, m) if design == "naive" else fallback(*args)
+            obj = AfterBackward(fallback, m) if design == "naive" else fallback(*args)
             with Ledger("finish") as after:
                 obj.finish()
         grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
