@@ -25,7 +25,7 @@ from notebook_defs import load_definitions
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src" / "08_data_parallel.py"
 NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
-ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": S.zero2_attach,
              "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 
@@ -247,13 +247,19 @@ def test_record_takes_the_notebooks_code_and_refuses_its_stubs():
     from labutils.labs.lab08_data_parallel import measure, record
     def stub(*args):
         raise NotImplementedError  # what the student edition's answer cells hold
-    stubs = type(NB)(**vars(NB) | {"my_average_gradients": stub, "my_zero1_step": stub})
-    with pytest.raises(ValueError, match="my_average_gradients, my_zero1_step still raises NotImplementedError.*HINT"):
+    stubs = type(NB)(**vars(NB) | {"my_average_gradients": stub, "my_zero1_step": stub, "my_zero2_attach": stub,
+                                   "MyBucketedGradients": B["stub"]})
+    with pytest.raises(ValueError, match="my_average_gradients, my_zero1_step, my_zero2_attach still raises "
+                                         "NotImplementedError.*HINT"):
         record.zero_impl(stubs)
-    solved = type(NB)(**vars(NB) | {"my_average_gradients": S.average_gradients, "my_zero1_step": S.zero1_step})
+    with pytest.raises(ValueError, match="my_average_gradients, MyBucketedGradients still raises"):
+        record.build_impl(stubs)
+    solved = type(NB)(**vars(NB) | {"my_average_gradients": S.average_gradients, "my_zero1_step": S.zero1_step,
+                                    "my_zero2_attach": S.zero2_attach})
     impl = record.zero_impl(solved)
     assert impl["shard_of"] is NB.shard_of and impl["zero1_step"] is S.zero1_step
     assert set(impl) == set(measure.ZERO_FUNCTIONS)
+    assert record.build_impl(solved)["bucketed"] is NB.MyBucketedGradients   # the course edition's classes
 
 
 def test_record_refuses_without_gpus_and_unknown_names(capsys):
@@ -306,7 +312,7 @@ def test_ddp_no_sync_and_bucket_views(pool):
 
 
 def test_zero_1_and_2_match_data_parallel_adam(pool):
-    r = pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+    r = pool.run(verify.check_zero, NB.shard_of, S.zero1_step, S.zero2_attach,
                  NB.zero2_step, S.average_gradients)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
     assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
@@ -349,7 +355,7 @@ def test_ledger_counts_what_each_collective_moves(pool):
 
 def test_zero_with_padding_on_three_ranks(no_leaks):
     """ConvNet's sizes do not all divide by 3: the padded-copy path of shard_of and gather_param."""
-    r = labutils.launch(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+    r = labutils.launch(verify.check_zero, NB.shard_of, S.zero1_step, S.zero2_attach,
                         NB.zero2_step, S.average_gradients, world_size=3, backend="gloo",
                         output="quiet", timeout=300)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
@@ -410,6 +416,26 @@ def _wrong_answers() -> dict:
     def _zero_raises(params, shards, optimizer):
         raise RuntimeError("boom")
 
+    def _zero2_hooks(keep_grad: bool, divide: bool):
+        def attach(params, shards):
+            import functools
+            import torch.distributed as dist
+            from labutils import compat
+            n = dist.get_world_size()
+
+            def hook(p, shard):
+                piece = torch.empty_like(shard)
+                compat.reduce_scatter_tensor(piece, NB.padded_flat(p.grad, n))
+                shard.grad = piece / n if divide else piece
+                if not keep_grad:
+                    p.grad = None
+            return [p.register_post_accumulate_grad_hook(functools.partial(hook, shard=s))
+                    for p, s in zip(params, shards)]
+        return attach
+
+    def _zero2_no_hooks(params, shards):  # "attaches" nothing: the reduction never happens in backward
+        return []
+
     def _flat_once(model):  # right gradients, but not the naive design: one flat all-reduce
         import torch.distributed as dist
         grads = [p.grad for p in model.parameters()]
@@ -438,12 +464,15 @@ def _wrong_answers() -> dict:
 
     return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "flat_once": _flat_once,
             "reduce_broadcast": _reduce_broadcast, "half_twice": _half_twice,
+            "zero2_keeps_grad": _zero2_hooks(keep_grad=True, divide=True),
+            "zero2_no_divide": _zero2_hooks(keep_grad=False, divide=False), "zero2_no_hooks": _zero2_no_hooks,
             "zero_no_divide": _zero_no_divide,
             "zero_no_gather": _zero_no_gather, "zero_all_reduce": _zero_all_reduce,
             "zero_raises": _zero_raises}
 
 
 W = _wrong_answers()
+B = fakes.build_ddp_answers()
 
 
 def test_average_checker(pool3, capsys):
@@ -479,14 +508,30 @@ def test_zero_step_checker(pool3, capsys):
         check.zero_step(W['zero_no_divide'], pool=pool3)
     with pytest.raises(ExerciseError, match="all-gather the shards"):
         check.zero_step(W['zero_no_gather'], pool=pool3)
-    with pytest.raises(ExerciseError, match="but not as ZeRO-1.*HINT.*no all-reduce"):
+    with pytest.raises(ExerciseError, match="all-reduced the full gradients.*HINT: an all-reduce sends 2\\(N-1\\)/N.*"
+                                            "half the bytes"):
         check.zero_step(W['zero_all_reduce'], pool=pool3)
     with pytest.raises(ExerciseError, match="raised RuntimeError on rank 0: boom"):
         check.zero_step(W['zero_raises'], pool=pool3)
 
 
+def test_zero2_checker(pool3, capsys):
+    assert check.zero2_attach(W['stub'], pool=pool3) is check.averaged_then_sliced_hooks
+    assert "not attempted: my_zero2_attach" in capsys.readouterr().err
+    assert check.zero2_attach(S.zero2_attach, pool=pool3) is S.zero2_attach
+    assert "10 reduce-scatters during backward for 10 parameters" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="all-reduced the full gradients: 17173 bytes.*sends 8656.*HINT.*half the "
+                                            "bytes"):
+        check.zero2_attach(check.averaged_then_sliced_hooks, pool=pool3)   # the stand-in is no answer
+    with pytest.raises(ExerciseError, match="some p.grad still holds a full gradient.*HINT.*p.grad = None"):
+        check.zero2_attach(W['zero2_keeps_grad'], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times the average"):
+        check.zero2_attach(W['zero2_no_divide'], pool=pool3)
+    with pytest.raises(ExerciseError, match="no collective ran during backward.*HINT.*register_post_accumulate"):
+        check.zero2_attach(W['zero2_no_hooks'], pool=pool3)
+
+
 # ---- build your DDP: (b) overlapped, (c) bucketed --------------------------------------------------
-B = fakes.build_ddp_answers()
 
 
 def test_bucket_layout_is_ddps_rule():
@@ -536,7 +581,7 @@ def test_zero_step_checker_on_three_ranks_with_padding(no_leaks):
     """The checker's rank side on 3 ranks, where ConvNet's sizes need padding: ZeRO-1 passes, and a step that
     all-reduces the full gradients is told apart by its communication alone (its weights are right)."""
     from labutils.labs.lab08_data_parallel import exercises
-    for fn, want in ((S.zero1_step, "ok"), (W["zero_all_reduce"], "not_sharded")):
+    for fn, want in ((S.zero1_step, "ok"), (W["zero_all_reduce"], "all_reduce")):
         r = labutils.launch(exercises.run_zero_step, fn, W["stub"], world_size=3, backend="gloo",
                             output="quiet", timeout=300)
         assert [x["diagnosis"] for x in r] == [want] * 3 and not any(x["not_attempted"] for x in r)
@@ -564,7 +609,7 @@ def test_measurements_run_on_gloo(pool):
         sum(r["exposed_samples_ms"]) / 2) and r["timeline"] is None and not overlap.has_timeline(r) for r in d["sweep"])
     assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and overlap.measures_exposed(d)
     got = C.ddp_verdicts(d)  # computable from a real run; no timeline on CPU ranks
-    assert sum(v.verdict == C.NOT_MEASURED for v in got) == 4
+    assert sum(v.verdict == C.NOT_MEASURED for v in got) == 3
     z = measure.zero(pool, cfg, impl=ZERO_IMPL)
     assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
     assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])
@@ -575,8 +620,29 @@ def test_measurements_run_on_gloo(pool):
     assert f["DDP"]["calls"]["all_reduce"] == 1
 
 
+def test_build_ddp_measurement_runs_on_gloo(pool):
+    """08_build_ddp's code on CPU ranks, a tiny workload: every row, the all-reduces each design issued in one
+    step (DDP's after its bucket rebuild), the stand-ins named; the figures themselves come from the GPUs."""
+    from labutils.labs.lab08_data_parallel import build_measure as BM
+    cfg = dict(BM.WIDE, d_model=32, n_layers=3, rows=8, bucket_cap_mb=0.005, warmup=1, iters=1, repeat=2)
+    d = BM.build_ddp(pool, S.average_gradients, S.OverlappedGradients, S.BucketedGradients, cfg=cfg)
+    rows = C.build_rows(d)
+    assert list(rows) == list(BM.ROWS) and d["n_params"] == 3 * (32 * 32 + 32) == BM.n_params(cfg)
+    assert [rows[k]["all_reduces"] for k in BM.ROWS] == [0, 6, 6, 2, 2]   # 5.2 kB cap: layers 3+2, then 1
+    assert all(rows[k]["size_bytes"] == 4 * d["n_params"] for k in BM.ROWS[1:])
+    assert rows["no_sync"]["exposed_ms"] == 0 and len(rows["naive"]["exposed_samples_ms"]) == 2
+    assert 0 < d["comm_fraction"] < 1 and d["standins"] == {"naive": False, "overlapped": False, "bucketed": False}
+    assert len(C.build_verdicts(d)) == 4
+    d = BM.build_ddp(pool, check.torch_average_gradients, check.AveragedAfterBackward, check.AveragedAfterBackward,
+                     cfg=cfg)
+    assert d["standins"] == {"naive": True, "overlapped": True, "bucketed": True}
+    assert [v.verdict for v in C.build_verdicts(d)][1:] == [C.NOT_JUDGED] * 3
+
+
 def test_the_measurements_refuse_to_run_without_the_code_they_measure():
-    from labutils.labs.lab08_data_parallel import measure
+    from labutils.labs.lab08_data_parallel import build_measure, measure
+    with pytest.raises(ValueError, match=r"\['bucketed'\] is None.*HINT"):
+        build_measure.build_ddp(None, S.average_gradients, S.OverlappedGradients, None)
     with pytest.raises(ValueError, match="impl lacks"):
         measure.zero(None, impl={"shard_of": NB.shard_of})
     with pytest.raises(ValueError, match="shard_transformer=shard_transformer"):

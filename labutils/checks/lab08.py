@@ -51,7 +51,27 @@ def averaged_then_sharded_step(params, shards, optimizer) -> None:
             p.copy_(whole[: p.numel()].view_as(p))
 
 
+def averaged_then_sliced_hooks(params, shards) -> list:
+    """The stand-in for an unwritten ``my_zero2_attach``: post-accumulate-grad hooks that average each full
+    gradient with torch's ``average_parameters`` (an all-reduce) and keep this rank's slice -- ZeRO-2's
+    result without its reduce-scatter."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+    n, r = dist.get_world_size(), dist.get_rank()
+
+    def hook(p, shard):
+        average_parameters(iter([p.grad]), dist.group.WORLD)
+        part = _rank_slice(p.grad, n, r).clone()
+        shard.grad = part if shard.grad is None else shard.grad + part
+        p.grad = None
+
+    import functools
+    return [p.register_post_accumulate_grad_hook(functools.partial(hook, shard=s)) for p, s in zip(params, shards)]
+
+
 standin(torch_average_gradients, "torch's average_parameters on the gradients")
+standin(averaged_then_sliced_hooks, "hooks that all-reduce each full gradient with torch's average_parameters "
+                                    "and keep this rank's slice (ZeRO-2's result without its reduce-scatter)")
 standin(averaged_then_sharded_step, "an averaged all-reduce, then this rank's shards stepped and all-gathered "
                                     "(ZeRO-1's result without its reduce-scatter)")
 
@@ -249,10 +269,12 @@ _ZERO_HINTS = {
                      "after optimizer.step(), all-gather the shards into every parameter: "
                      "compat.all_gather_into_tensor(padded_flat(p.detach(), world_size), shard.detach().clone()), "
                      "and copy back when padding made padded_flat a copy"),
-    "not_sharded": ("your step gave the right weights, but not as ZeRO-1: it all-reduced or kept the full "
-                    "gradients, or the optimizer holds more than this rank's shards",
-                    "reduce-scatter padded_flat(p.grad, world_size) into shard.grad (no all-reduce), set p.grad = "
-                    "None, step the optimizer you were given, all-gather each shard back into its parameter"),
+    "not_sharded": ("your step gave the right weights, but not as ZeRO-1: it kept the full gradients, sent more "
+                    "or less than (N-1)/N of them per rank in one reduce-scatter and one all-gather, or the "
+                    "optimizer holds more than this rank's shards",
+                    "reduce-scatter padded_flat(p.grad, world_size) into each shard's gradient (no all-reduce), set "
+                    "p.grad = None, step the optimizer you were given, all-gather each shard back into its "
+                    "parameter"),
     "wrong_update": ("after your step the weights differ from data parallelism with the same AdamW",
                      "the step is: reduce-scatter and average the gradients into the shards, drop p.grad, "
                      "optimizer.step(), optimizer.zero_grad(), all-gather the shards into the parameters"),
@@ -274,11 +296,75 @@ def zero_step(fn, pool=None, timeout: float = 120.0):
         say_not_attempted("my_zero1_step", averaged_then_sharded_step.labutils_standin)
         return averaged_then_sharded_step
     for r in results:
+        if r["diagnosis"] == "all_reduce":
+            fail(f"step {r['step']}: {_all_reduce_what(r)}", _ALL_REDUCE_HINT)
         if r["diagnosis"] != "ok":
             what, hint = _ZERO_HINTS[r["diagnosis"]]
             fail(f"step {r['step']}: {what}", hint)
     passed(f"your ZeRO-1 step == data parallelism with AdamW on {len(results)} ranks for 3 steps, "
-           "with each rank's optimizer holding only its shards")
+           "with each rank's optimizer holding only its shards; on the wire, per rank: reduce-scatter "
+           f"{results[0]['sharded_wire']} B + all-gather as much, no all-reduce")
+    return fn
+
+
+def _all_reduce_what(r) -> str:
+    got = r["wire"].get("all_reduce", 0)
+    return (f"your step all-reduced the full gradients: {got} bytes per rank on the wire for them, where a "
+            f"reduce-scatter of the same gradients sends {r['sharded_wire']}, and every rank held every full "
+            "gradient")
+
+
+_ALL_REDUCE_HINT = ("an all-reduce sends 2(N-1)/N of the gradient from each rank and leaves all of it on every rank; "
+                    "ZeRO needs each rank's piece only: compat.reduce_scatter_tensor(piece, padded_flat(p.grad, "
+                    "world_size)) sends (N-1)/N -- half the bytes -- and each rank receives only its piece of the sum")
+
+_ZERO2_HINTS = {
+    "not_during_backward": ("no collective ran during backward: the gradients were not reduced by your hooks",
+                            "register on every parameter a hook with p.register_post_accumulate_grad_hook(hook): it "
+                            "runs during backward, after p.grad holds the gradient; reduce-scatter there"),
+    "kept_full": ("the shards' gradients are right, but after backward some p.grad still holds a full gradient",
+                  "ZeRO-2's point is that no rank keeps the full gradients: set p.grad = None in the hook, once its "
+                  "piece is taken"),
+    "count": ("the shards' gradients are right, but not one reduce-scatter per parameter sending (N-1)/N of it",
+              "in each parameter's hook, one compat.reduce_scatter_tensor(piece, padded_flat(p.grad, world_size)); "
+              "nothing else"),
+    "none": ("after backward some shard has no .grad", "give every shard its piece: shard.grad = piece (or add it "
+                                                      "to shard.grad when one is already there)"),
+    "sum": ("the shards' gradients are world_size times the average",
+            "reduce_scatter sums; divide the piece by dist.get_world_size()"),
+    "local": ("the shards' gradients are this rank's own, not reduced",
+              "reduce-scatter the padded gradient: rank r receives the sum over ranks of piece r"),
+    "wrong": ("the shards' gradients differ from this rank's piece of DDP's averaged gradient",
+              "rank r's piece is the r-th of world_size equal pieces of padded_flat(p.grad, world_size)"),
+    "wrong_update": ("the shards' gradients were right, but the weights after the step differ from DDP's",
+                     "keep shard.grad a plain tensor of the shard's shape and dtype, and change nothing else"),
+}
+
+
+def zero2_attach(fn, pool=None, timeout: float = 120.0):
+    """``fn(params, shards)`` must register ZeRO-2's gradient hooks and return their handles. Judged on >= 3
+    ranks for 3 AdamW steps against torch's DDP: each shard's gradient after backward is this rank's piece of
+    DDP's average; no full gradient is left; during backward, one reduce-scatter per parameter, (N-1)/N of
+    the padded gradients on the wire from each rank, and no all-reduce.
+
+    Returns:
+        ``fn``, or the stand-in ``averaged_then_sliced_hooks`` when ``fn`` is still a stub.
+    """
+    results = _run(exercises.run_zero2, fn, averaged_then_sliced_hooks, pool=pool, timeout=timeout,
+                   hang_hint="every rank's hooks must issue the same collectives in the same order")
+    if any(r["not_attempted"] for r in results):
+        say_not_attempted("my_zero2_attach", averaged_then_sliced_hooks.labutils_standin)
+        return averaged_then_sliced_hooks
+    for r in results:
+        if r["diagnosis"] == "all_reduce":
+            fail(f"step {r['step']}: {_all_reduce_what(r)}", _ALL_REDUCE_HINT)
+        if r["diagnosis"] != "ok":
+            what, hint = _ZERO2_HINTS[r["diagnosis"]]
+            fail(f"step {r['step']}: {what}", hint)
+    r = results[0]
+    passed(f"your ZeRO-2 hooks == DDP with AdamW on {len(results)} ranks for 3 steps: {r['calls']['reduce_scatter']} "
+           f"reduce-scatters during backward for {r['n_params']} parameters, {r['wire']['reduce_scatter']} B per rank "
+           "on the wire ((N-1)/N of the padded gradients), no all-reduce, no full gradient left after backward")
     return fn
 
 

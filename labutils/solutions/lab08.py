@@ -134,3 +134,21 @@ class BucketedGradients:
                 p.grad.copy_(buffer[offset:offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
         self.pending = [len(bucket) for bucket in self.buckets]
+
+
+def zero2_attach(params, shards):
+    """Exercise ZeRO-2: reduce-scatter each gradient the moment backward has accumulated it, keep only this
+    rank's averaged piece as the shard's gradient, and free the full gradient: no rank ever holds all the
+    gradients. Returns the hook handles."""
+    import functools
+    world_size = dist.get_world_size()
+
+    def reduce_scatter_now(p, shard):
+        piece = torch.empty_like(shard)
+        compat.reduce_scatter_tensor(piece, padded_flat(p.grad, world_size))  # my piece of the SUM
+        piece /= world_size  # the average, as DDP
+        shard.grad = piece if shard.grad is None else shard.grad + piece  # accumulation still works
+        p.grad = None  # the full gradient is freed right here, during backward
+
+    return [p.register_post_accumulate_grad_hook(functools.partial(reduce_scatter_now, shard=s))
+            for p, s in zip(params, shards)]

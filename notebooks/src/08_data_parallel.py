@@ -517,6 +517,9 @@ plots.line_plot(caps, {"DDP step": [r["step_ms"] for r in caps_rows],
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.ddp_verdicts(D), DDP_M)
+cta_line = lab_claims.cta_comparison(D)
+if cta_line:  # your third prediction's answer: shown, not judged
+    print(f"fewer CTAs: {cta_line}   [{DDP_M.label}]")
 
 # %% [markdown]
 # **The thresholds.** At least 1.85 times one GPU's throughput on 2 GPUs, and at least 70% of the all-reduce's
@@ -527,11 +530,17 @@ claims.show(lab_claims.ddp_verdicts(D), DDP_M)
 # both read from the same traced steps, so what is left over is time the compute stream waited for something
 # else (its CPU thread, the other rank), and more than that would make "the kernels shared the GPU" the wrong
 # story. The tail may be at most a tenth of the all-reduce alone: with the all-reduces keeping pace with
-# backward, only part of the last bucket should remain. With one bucket at most a quarter may run beside
-# compute before we doubt the trace. DDP's wrapper without communication is CPU work that a compute-bound GPU
-# should never wait for: 2% of the step is a cost a learner would see in throughput. A smaller CTA count has
-# to buy at least 1% of the step to be worth a separate communicator. The bucket view must save the
-# gradients' size, 4 bytes per parameter, within 10% (allocator rounding).
+# backward, only part of the last bucket should remain. DDP's wrapper without communication is CPU work that
+# a compute-bound GPU should never wait for: 2% of the step is a cost a learner would see in throughput. The
+# bucket view must save the gradients' size, 4 bytes per parameter, within 10% (allocator rounding).
+#
+# **What overlap can buy here.** No overlap can save more than the communication it hides, and on this
+# compute-bound transformer the whole gradient all-reduce, run alone, is a small part of the step: the
+# communication-share verdict says how small, next to how much slower the one-bucket configuration — no
+# overlap at all — was than the best. So a high *beside compute* share here shows that the mechanism works,
+# not that it matters: whatever it hides is at most that small share of the step. The workload of *Build your
+# DDP* above is chosen the other way round — its all-reduce is at least a fifth of a step without overlap,
+# a precondition its verdicts check — and is where what overlap buys can be seen.
 #
 # The excess is compared with the stretch of the *same* traced steps, not with the timed *exposed*: a traced
 # pair is one sample, the timed figure a median of many; the table prints both so that you can see how far
@@ -594,7 +603,7 @@ else:
 #
 # Fewer CTAs make each all-reduce longer (the *all-reduce alone* column). Compare their row's stretch with
 # NCCL's default at the same cap: if it is larger, the longer presence beside backward cost more than the
-# SMs it gave back, and the CTA verdict says what that did to the step.
+# SMs it gave back; the line under the verdicts says what that did to the step.
 #
 # The CPU-activity trace is the other lesson: compare its length with the timed step. Where it is much
 # longer and its GPU-idle time large, the profiler made the host the bottleneck, and idle time in such a
@@ -626,6 +635,13 @@ else:
 # Communication per step (ZeRO paper §7): DDP's all-reduce is a reduce-scatter plus an all-gather, Ψ
 # elements each — 2Ψ; ZeRO-1 and ZeRO-2 do exactly that reduce-scatter and that all-gather — 2Ψ; ZeRO-3
 # gathers the weights twice (forward and backward) — 3Ψ.
+#
+# **How this lab counts bytes.** The ledger (`instruments.ledger.Ledger`, the one labs 08 and 09 share)
+# records for every call `size_bytes`, the bytes handed to the collective — nccl-tests' S: the tensor of an
+# all-reduce, the input of a reduce-scatter, the output of an all-gather — and `wire_bytes`, the bytes this
+# rank sends on a ring: 2(N−1)/N · S for an all-reduce, (N−1)/N · S for a reduce-scatter or an all-gather.
+# The ZeRO paper's volume is S per reduce-scatter or all-gather and 2S per all-reduce, which is `wire_bytes`
+# × N/(N−1) for all three: the volumes below are in those units, and the checkers judge `wire_bytes`.
 
 # %% tags=["nbval-ignore-output"]
 N = POOL.world_size
@@ -662,18 +678,24 @@ def shard_of(p, world_size, rank):
 # `optimizer = torch.optim.AdamW(shards)` — Adam's state now exists for the shards only.
 #
 # ### Exercise 2: one ZeRO-1 step
-# Write `my_zero1_step(params, shards, optimizer)`, called on every rank after `backward()`:
-# 1. for each parameter `p` and its shard `s`: `s.grad = torch.empty_like(s)`, then
-#    `compat.reduce_scatter_tensor(s.grad, padded_flat(p.grad, world_size))` — rank r receives the sum over
-#    ranks of piece r — divide it by the world size, and drop `p.grad` (set it to `None`);
-# 2. `optimizer.step()` and `optimizer.zero_grad()`;
-# 3. for each parameter, all-gather the updated shards back into the full weights:
-#    `compat.all_gather_into_tensor(padded_flat(p.detach(), world_size), s.detach().clone())` (the clone:
-#    `s` may be a view of the very tensor being written), then, if padding made `padded_flat` a copy,
-#    copy its first `p.numel()` values back into `p`.
+# Write `my_zero1_step(params, shards, optimizer)`, called on every rank after `backward()` — each `p.grad`
+# is this rank's own gradient, `optimizer` an AdamW over this rank's shards only.
 #
-# (`compat` calls `reduce_scatter_tensor` / `all_gather_into_tensor`, or their torch ≥ 2.13 names.) The
-# checker compares your step, three times, with part 1's training using the same AdamW on full weights.
+# **Goal:** after your step, every rank's parameters are what data parallelism with the same AdamW on the
+# full parameters gives (part 1's average, then one optimizer step).
+#
+# **Invariants:** the optimizer is stepped once and sees, for each shard, this rank's piece of the
+# *averaged* gradient; no rank ever receives a full averaged gradient — each rank receives only its own
+# piece of the sum, so each sends (N−1)/N of every gradient, not an all-reduce's 2(N−1)/N; the full
+# gradients are dropped (`p.grad = None`); afterwards every rank's full parameters hold every rank's
+# updated piece.
+#
+# The tools: `compat.reduce_scatter_tensor(output, input)` gives rank r, in `output`, the sum over the ranks
+# of piece r of `input`; `compat.all_gather_into_tensor(output, input)` gives every rank, in `output`, every
+# rank's `input` in rank order (`compat` calls them, or their torch ≥ 2.13 names); `padded_flat` and
+# `shard_of` above define the pieces. Mind that a shard can be a view of the very tensor a gather writes
+# into. The checker runs three steps on 3 ranks beside torch's DDP with the same AdamW, and reads the
+# ledger: which collectives, and how many bytes each rank put on the wire.
 
 # %% nbgrader={"grade": false, "grade_id": "zero1_step", "locked": false, "schema_version": 3, "solution": true}
 def my_zero1_step(params, shards, optimizer):
@@ -688,9 +710,34 @@ def my_zero1_step(params, shards, optimizer):
 zero1_step = check.zero_step(my_zero1_step, pool=CHECKS)
 
 # %% [markdown]
-# **ZeRO-2.** The reduce-scatter moves into backward: a hook that runs the moment a parameter's gradient is
-# accumulated (`register_post_accumulate_grad_hook`) reduce-scatters it and frees it, so at no time does a
-# rank hold all the gradients. The step then only updates the shards and all-gathers the weights.
+# ### Exercise 3: ZeRO-2's gradient hooks
+# ZeRO-2 also shards the gradients: the reduction moves into backward, parameter by parameter, so that no
+# rank ever holds all the full gradients at once — your (b) did the same with all-reduces. The step is then
+# only the optimizer on the shards and the all-gather of the weights (`zero2_step`, below).
+#
+# Write `my_zero2_attach(params, shards)`: it prepares every parameter and returns the handles of what it
+# registered (so that they can be removed). **Goal:** after each `backward()`, `shard.grad` is this rank's
+# piece of the averaged gradient (added to what is already there, so that gradient accumulation still works),
+# and `zero2_step` then gives data parallelism's weights. **Invariants:** each gradient is reduced during
+# backward, as soon as it has been accumulated, with one collective that sends (N−1)/N of it from each rank
+# and gives each rank only its piece; no `p.grad` holds a full gradient once backward is done. The checker:
+# 3 ranks, three AdamW steps beside torch's DDP, and the ledger over `backward()`.
+
+# %% nbgrader={"grade": false, "grade_id": "zero2_attach", "locked": false, "schema_version": 3, "solution": true}
+def my_zero2_attach(params, shards):
+    # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+    return solution.zero2_attach(params, shards)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_zero2_attach", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+zero2_attach = check.zero2_attach(my_zero2_attach, pool=CHECKS)
+
+# %% [markdown]
+# The rest of ZeRO-2's step, given: the optimizer on the shards, then every rank's updated shard gathered back
+# into the full parameters.
 
 # %%
 def gather_param(p, shard):
@@ -700,22 +747,6 @@ def gather_param(p, shard):
     compat.all_gather_into_tensor(full, shard.detach().clone())  # clone: our shard may be a view of full
     if full.numel() != p.numel():  # padded: full is a copy, write it back
         p.detach().copy_(full[: p.numel()].view_as(p))
-
-
-def zero2_attach(params, shards):
-    """ZeRO-2: reduce-scatter each gradient the moment backward has accumulated it, keep only this
-    rank's averaged shard, and free the full gradient: no rank ever holds all the gradients."""
-    world_size = dist.get_world_size()
-
-    def reduce_scatter_now(p, shard):
-        part = torch.empty_like(shard)
-        compat.reduce_scatter_tensor(part, padded_flat(p.grad, world_size))  # my shard of the SUM
-        part /= world_size  # the average, as DDP
-        shard.grad = part if shard.grad is None else shard.grad + part  # accumulation still works
-        p.grad = None  # the full gradient is freed right here, during backward
-
-    return [p.register_post_accumulate_grad_hook(functools.partial(reduce_scatter_now, shard=s))
-            for p, s in zip(params, shards)]
 
 
 def zero2_step(params, shards, optimizer):
@@ -864,8 +895,9 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # **What this says.** FSDP2 shards the weights, the gradients and Adam's state, so its state per GPU is
 # part 3's formula with everything divided by N, plus whatever stays unsharded — the first verdict checks it
 # against DDP. The price is communication — one more all-gather of the weights per step, issued ahead of the
-# compute that needs it — and FSDP2's per-block work on the CPU thread (below); the step-time column shows
-# what the two together cost the step. `reshard_after_forward=False` trades memory back for that all-gather.
+# compute that needs it; the step-time column shows what FSDP2's step costs against DDP's, and this lab does
+# not measure how that time divides between communication and the rest. `reshard_after_forward=False`
+# trades memory back for that all-gather.
 #
 # **Why prefetching more blocks need not help.** FSDP2 already prefetches by default (PyTorch's FSDP notes,
 # "FSDP Prefetch Nuances"; the pull request that added `set_modules_to_forward_prefetch`). In forward it
@@ -879,23 +911,26 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # compute kernels" at the cost of allocating the next all-gather's output while the current one is in use.
 # What it costs is real: more gathered blocks alive at once (the peak column), all-gathers that share NCCL's
 # single communicator with the reduce-scatters and so queue ahead of them in issue order, and more FSDP2
-# bookkeeping on the CPU thread (Python hooks, stream waits, copy-in and copy-out per block). If the
-# GPU-idle column is large, the step is waiting on that CPU thread — FSDP2's per-block work in Python — and
-# the other rank's collectives wait for it, as DDP's did in part 2; prefetching more, which adds CPU work
-# before each block's compute, cannot shorten that; if it is small, the all-gathers were already hidden.
-# Either way the last verdict reports what explicit prefetching did on the machine that measured.
+# bookkeeping on the CPU thread (Python hooks, stream waits, copy-in and copy-out per block). The GPU-idle
+# column says how long the GPU ran nothing in the profiled step; what it waited for there is not measured
+# in this lab. The last verdict reports what explicit prefetching did on the machine that measured.
 
 # %% [markdown]
 # ## Summary
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
+claims.table(claims.judge(lab_claims.CLAIMS, *[m for m in (BUILD_M, PLAIN_M, DDP_M, ZERO_M, FSDP_M) if m is not None]))
 
 # %% [markdown]
 # * The source's §2.1 is data parallelism: replicate, split the batch, all-reduce the gradients — and the
 #   all-reduce must **average**. Then N ranks train exactly like one device on the whole batch (checked to
 #   float64 rounding); summing multiplies SGD's learning rate by N.
+# * You built DDP's core three times: all-reduces after backward; one per gradient, started from
+#   `register_post_accumulate_grad_hook` with `async_op=True` and waited before the optimizer; and DDP's
+#   buckets, reverse parameter order, one all-reduce per bucket once its last gradient is in — each checked
+#   against torch's DDP on 3 ranks and by the collectives it issued, and timed where communication is a
+#   large share of the step.
 # * DDP is that loop with the all-reduce inside backward, bucketed and overlapped; `no_sync()` skips it
 #   during gradient accumulation — and, timed in turn with the step, gives what communicating costs the step;
 #   `gradient_as_bucket_view` saves a gradient copy.
@@ -907,7 +942,11 @@ claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 #   shares HBM bandwidth, so backward's kernels stretch while an all-reduce runs beside them; the accounting
 #   verdict says whether that stretch and the tail before the optimizer make up the step's excess on the
 #   machine that recorded this notebook. Fewer CTAs give SMs back but keep each all-reduce beside backward
-#   for longer: the stretch column and the CTA verdict say which wins.
+#   for longer: the stretch column and the line under the verdicts say which wins. And overlap can only
+#   buy what communication costs: on the transformer of part 2 that is a small part of the step (the
+#   communication-share verdict says how small); the workload of *Build your DDP* is chosen so that it is a
+#   large one (its precondition verdict checks), and there the exposed time of your three steps shows what
+#   starting the all-reduces from backward, and bucketing them, buys.
 # * ZeRO shards what each rank needs only 1/N of — optimizer state (ZeRO-1), gradients (ZeRO-2), weights
 #   (ZeRO-3 / FSDP2) — with reduce-scatter and all-gather: the same 2Ψ as DDP until the weights are sharded,
 #   3Ψ then; the ZeRO paper's bytes-per-parameter counting predicts the memory per GPU (verdicts above).
