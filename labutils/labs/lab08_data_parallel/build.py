@@ -23,6 +23,7 @@ from labutils.config import rank_device
 from labutils.instruments.compare import close
 from labutils.instruments.ledger import Ledger
 
+from .exercises import gradient_diagnosis
 from .steps import wrap_ddp
 
 WIDTHS = (6, 24, 20, 16, 3)   # a 4-layer MLP: 8 parameters of 8 different sizes (float64)
@@ -143,20 +144,6 @@ def run_reduction(rank, world_size, design: str, impl, fallback, bucket_cap_byte
     out["not_attempted"] = switched
     out["weights_equal_ddp"] = close([p.detach() for p in params], [p.detach() for p in ref.module.parameters()])
     return out
-
-
-def gradient_diagnosis(got, expected, local, world_size) -> str:
-    """"ok" (DDP's gradients), "none" (a p.grad is None), "sum" (world_size times DDP's), "local"
-    (each rank's own, unreduced) or "wrong"."""
-    if any(g is None for g in got):
-        return "none"
-    if close(got, expected):
-        return "ok"
-    if world_size > 1 and close(got, [e * world_size for e in expected]):
-        return "sum"
-    if close(got, local):
-        return "local"
-    return "wrong"
 
 
 # ---- judging the communication (pure: runs on the checker's side) --------------------------------

@@ -28,7 +28,7 @@ def _convnet():
     return M.build_convnet(device=rank_device(), dtype=DTYPE, seed=0)
 
 
-def _gradient_diagnosis(got, expected, local, world_size) -> str:
+def gradient_diagnosis(got, expected, local, world_size) -> str:
     if any(g is None for g in got):
         return "none"
     if close(got, expected):
@@ -56,7 +56,7 @@ def run_average(rank, world_size, fn, fallback, steps: int = 3) -> dict:
     except NotImplementedError:
         used = fallback
         fallback(m)
-    diagnosis = _gradient_diagnosis([p.grad for p in m.parameters()], [p.grad for p in one.parameters()],
+    diagnosis = gradient_diagnosis([p.grad for p in m.parameters()], [p.grad for p in one.parameters()],
                                     local, world_size)
     data = image_batches(world_size, steps, device)
     dp, ref = _convnet(), _convnet()
@@ -149,7 +149,7 @@ def run_zero_step(rank, world_size, fn, fallback, average_gradients=None, steps:
         if len(opt.seen) != before + 1:
             diagnosis = "step_count"
             break
-        diagnosis = _gradient_diagnosis(opt.seen[-1], expected, local, world_size)
+        diagnosis = gradient_diagnosis(opt.seen[-1], expected, local, world_size)
         if diagnosis != "ok":
             break
         if not close(weights(m), weights(ref.module)):
@@ -218,7 +218,7 @@ def run_zero2(rank, world_size, fn, fallback, steps: int = 3) -> dict:
         elif not book.records:
             out["diagnosis"] = "not_during_backward"
         else:
-            out["diagnosis"] = _gradient_diagnosis([s.grad for s in shards], expected, local, world_size)
+            out["diagnosis"] = gradient_diagnosis([s.grad for s in shards], expected, local, world_size)
             if out["diagnosis"] == "ok" and any(p.grad is not None for p in params):
                 out["diagnosis"] = "kept_full"
             elif out["diagnosis"] == "ok" and not (out["calls"] == {"reduce_scatter": len(params)}
