@@ -47,8 +47,8 @@ def wide_mlp(cfg: dict, device=None) -> nn.Sequential:
     d = cfg["d_model"]
     layers: list[nn.Module] = []
     for _ in range(cfg["n_layers"]):
-        layers += [nn.Linear(d, d), nn.GELU()]
-    return nn.Sequential(*layers).to(device)
+        layers += [nn.Linear(d, d, device=device), nn.GELU()]  # initialised on the GPU: seconds less per copy
+    return nn.Sequential(*layers)
 
 
 def n_params(cfg: dict) -> int:
