@@ -22,7 +22,8 @@
 # **GPUs needed for the live path:** 2 (written for any number); one GPU runs the plain model's step and its
 # memory (part 2) live. Every algorithm is checked live on gloo ranks (CPU tensors) everywhere; a measurement
 # that needs more GPUs than the machine has is the one this notebook recorded, labelled **RECORDED**.
-# **Time:** 85 min of study; about 55 s to run on 2×H200 (about 15 s on a 2-core CPU).
+# **Time:** 150 min of study (five exercises: DDP built three ways, ZeRO-1, ZeRO-2's hooks);
+# under 90 s to run on 2×H200 (under 60 s on a 2-core CPU).
 
 # %% [markdown]
 # ## Setup
