@@ -129,7 +129,8 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
         assert len(row["exposed_samples_ms"]) == SMALL_BENCH["paired_repeat"]
         assert all(t["no_sync_tail_ms"] is not None for t in row["timeline"])
     got = C.ddp_verdicts(d)
-    assert len(got) == 9 and C.NOT_MEASURED not in {v.verdict for v in got}  # the CTA verdict included
+    assert len(got) == 8 and C.NOT_MEASURED not in {v.verdict for v in got}
+    assert "NCCL's default" in C.cta_comparison(d)  # the CTA sweep ran: shown beside the verdicts
 
     z = measure.zero(pool, SMALL_BENCH, impl=ZERO_IMPL)
     peaks = [r["peak_bytes"] for r in z["rows"]]
