@@ -206,6 +206,11 @@ def build_ddp_answers() -> dict:
                 h.wait()
             self.handles.clear()
 
+    class Blocking(S.OverlappedGradients):  # all-reduces from the hooks, but each one waited for there
+        def start(self, p):
+            p.grad /= self.world_size
+            dist.all_reduce(p.grad)
+
     class NeverReset(S.BucketedGradients):  # right once; the count of missing gradients is never reset
         def finish(self):
             pending = self.pending
@@ -264,7 +269,7 @@ def build_ddp_answers() -> dict:
             super().finish()
 
     return {"stub": Stub, "after_backward": AfterBackward, "overlapped_sum": OverlappedSum,
-            "tensor_hook": TensorHook, "never_reset": NeverReset, "early_bucket": EarlyBucket,
+            "tensor_hook": TensorHook, "never_reset": NeverReset, "blocking": Blocking, "early_bucket": EarlyBucket,
             "bucketed_sum": BucketedSum, "per_parameter": PerParameter, "forward_order": ForwardOrder,
             "flush_in_finish": FlushInFinish}
 

@@ -557,6 +557,9 @@ def test_overlapped_checker(pool3, capsys):
         check.overlapped_gradients(B["tensor_hook"], pool=pool3)
     with pytest.raises(ExerciseError, match="issued after backward"):  # the stand-in is no answer
         check.overlapped_gradients(check.AveragedAfterBackward, pool=pool3)
+    with pytest.raises(ExerciseError, match="8 all-reduces during backward were called without async_op=True.*"
+                                            "HINT.*returns a handle"):
+        check.overlapped_gradients(B["blocking"], pool=pool3)
 
 
 def test_bucketed_checker(pool3, capsys):

@@ -153,6 +153,11 @@ _COMM_HINTS = {
     "extra_ops": lambda f: (f"besides all-reduces your step issued {', '.join(f['others'])}",
                             "averaging gradients needs all-reduces only: dist.all_reduce on each gradient "
                             "(or bucket)"),
+    "blocking": lambda f: (f"{f['blocking']} all-reduces during backward were called without async_op=True: "
+                           "each one returned only when it had finished, so backward waited for it and nothing "
+                           "overlapped",
+                           "dist.all_reduce(t, async_op=True) returns a handle at once; keep the handles and wait() "
+                           "for them in finish()"),
     "count": lambda f: (f"your step issued {len(f['issued'])} all-reduces of {sorted(f['issued'])} bytes for "
                         f"{f['n_params']} parameters of {sorted(f['sizes'])} bytes",
                         "all-reduce every parameter's gradient exactly once: dist.all_reduce(p.grad) for each "
@@ -213,7 +218,7 @@ def overlapped_gradients(cls, pool=None, timeout: float = 120.0):
     """Build your DDP (b): ``cls(model)`` starts each gradient's all-reduce from a post-accumulate-grad hook;
     ``obj.finish()`` waits for them before the optimizer. Judged on >= 3 ranks, 2 steps, against DDP's
     gradients, and by the ledger: one all-reduce per parameter, every one issued during backward, none
-    before its gradient existed.
+    before its gradient existed, none called without ``async_op=True`` (backward would wait for it).
 
     Returns:
         ``cls``, or the stand-in ``AveragedAfterBackward`` when ``cls`` is still a stub.

@@ -15,7 +15,10 @@ started before the gradients it carries existed, and whether the buckets are DDP
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -53,6 +56,26 @@ def bucket_layout(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
             buckets.append(current)
             current, size = [], 0
     return buckets + ([current] if current else [])
+
+
+@contextlib.contextmanager
+def blocking_all_reduces():
+    """Count the calls of ``dist.all_reduce`` made without ``async_op=True`` while the context is active
+    (the ledger sees the collective, not whether its caller waited for it): yields a list, one entry a
+    blocking call. ``torch.distributed.all_reduce`` is wrapped for the duration, then restored."""
+    from torch.distributed import distributed_c10d
+    original, calls = dist.all_reduce, []
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if not async_op:
+            calls.append(tuple(tensor.shape))
+        return original(tensor, op=op, group=group, async_op=async_op)
+
+    dist.all_reduce = distributed_c10d.all_reduce = all_reduce
+    try:
+        yield calls
+    finally:
+        dist.all_reduce = distributed_c10d.all_reduce = original
 
 
 class AfterBackward:
@@ -120,7 +143,7 @@ def run_reduction(rank, world_size, design: str, impl, fallback, bucket_cap_byte
         plain.load_state_dict(m.state_dict())
         local = torch.autograd.grad(F.mse_loss(plain(x), y), list(plain.parameters()))
         ready.clear()
-        with Ledger("backward") as during:
+        with Ledger("backward") as during, blocking_all_reduces() as blocking:
             phase["book"] = during
             F.mse_loss(m(x), y).backward()
             phase["book"] = None
@@ -138,6 +161,7 @@ def run_reduction(rank, world_size, design: str, impl, fallback, bucket_cap_byte
                 obj.finish()
         grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
         out["steps"].append({"during": _ops(during), "after": _ops(after), "ready": dict(ready),
+                             "blocking": len(blocking),
                              "gradients": gradient_diagnosis(grads, expected, list(local), world_size)})
         opt.step()
         opt.zero_grad()
@@ -154,7 +178,8 @@ def all_reduces(ops) -> list[tuple[int, int]]:
 
 def diagnose_communication(design: str, step: dict, sizes: list[int], cap_bytes: int = BUCKET_CAP_BYTES) -> tuple:
     """``("ok", facts)`` or ``(problem, facts)`` for one step: problem is "extra_ops" (collectives other
-    than all-reduces), "nothing" (no all-reduce at all), "count" (the all-reduces do not hand over every gradient exactly once -- for the naive design -- or
+    than all-reduces), "nothing" (no all-reduce at all), "blocking" (an
+    all-reduce during backward called without ``async_op=True``: backward waited for it), "count" (the all-reduces do not hand over every gradient exactly once -- for the naive design -- or
     not one per parameter), "after_backward" (nothing
     during backward), "early" (an all-reduce issued before the last gradient it carries was accumulated),
     "layout" (buckets that are not DDP's, or in another order). ``facts`` fills the message."""
@@ -167,6 +192,9 @@ def diagnose_communication(design: str, step: dict, sizes: list[int], cap_bytes:
         return "extra_ops", facts
     if not issued:
         return "nothing", facts
+    facts["blocking"] = step.get("blocking", 0)
+    if design != "naive" and facts["blocking"]:
+        return "blocking", facts
     if design == "naive":  # every gradient handed over exactly once (per parameter, or flattened together)
         if sum(issued) != sum(sizes):
             return "count", facts
