@@ -544,6 +544,19 @@ def test_bucket_layout_is_ddps_rule():
     assert build.bucket_layout([4, 4, 4], 8) == [[2, 1], [0]]              # full at >= the cap; last partial
 
 
+def test_blocking_all_reduces_restores_torch_distributed():
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from labutils.labs.lab08_data_parallel import build
+    original = dist.all_reduce
+    with pytest.raises(RuntimeError, match="boom"):
+        with build.blocking_all_reduces() as calls:
+            assert dist.all_reduce is not original and distributed_c10d.all_reduce is dist.all_reduce
+            assert calls == []
+            raise RuntimeError("boom")
+    assert dist.all_reduce is original and distributed_c10d.all_reduce is original
+
+
 def test_overlapped_checker(pool3, capsys):
     assert check.overlapped_gradients(B["stub"], pool=pool3) is check.AveragedAfterBackward
     assert "not attempted: MyOverlappedGradients" in capsys.readouterr().err
