@@ -55,3 +55,12 @@ def test_comm_share_on_the_recorded_transformer_is_small():
     assert v.verdict == "TRUE" and "of the best step" in v.figure
     assert C.comm_share_verdict(fakes.ddp(comm=7.5)).verdict == "FALSE"
     assert C.comm_share_verdict(fakes.ddp(comm=6.5)).verdict == "TRUE"
+
+
+def test_a_recorded_measurement_is_judged_from_claims():
+    """NOT_YET_RECORDED holds verdict functions of measurements with no recording yet; once 2xH200 has
+    recorded one, it belongs in CLAIMS, whose every name tests/test_claims.py re-derives."""
+    for name in C.NOT_YET_RECORDED:
+        assert not (RECORDED / f"{name}.json").exists(), (
+            f"{name} is recorded now: move it from NOT_YET_RECORDED into CLAIMS in labs/lab08_data_parallel/claims.py")
+    assert not set(C.NOT_YET_RECORDED) & set(C.CLAIMS)
