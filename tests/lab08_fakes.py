@@ -56,16 +56,16 @@ def _timeline_fields(overlap_fraction: float, excess: float, accounted: float, t
 
 def ddp(speedup: float = 1.93, overlap_best: float = 0.95, cost: float = 0.2, accounted: float = 1.0,
         tail_share: float = 0.02, one_overlap: float = 0.05, wrapper: float = 0.005, few_ctas_gain: float = 0.02,
-        saved_psi: float = 4.0, world_size: int = 2, traced: bool = True) -> dict:
+        saved_psi: float = 4.0, world_size: int = 2, traced: bool = True, comm: float = 5.6) -> dict:
     """A recording in ``measure.ddp``'s format whose verdicts sit where the arguments put them: the fastest
     configuration is 25 MB on 4 CTAs, ``few_ctas_gain`` faster than 25 MB on NCCL's default; ``cost`` is its
     exposed time over its all-reduces alone, ``accounted`` its (stretch + tail) / traced excess, ``tail_share``
-    its tail over the all-reduces alone. ``traced=False``: a run on CPU ranks (no timeline, no CTAs)."""
+    its tail over the all-reduces alone; ``comm`` the all-reduces alone (ms; the best step is about 67 ms).
+    ``traced=False``: a run on CPU ranks (no timeline, no CTAs)."""
     plain = 65.0
     no_sync = plain * (1 + wrapper)
     best_step = world_size * plain / speedup
     default25 = best_step / (1 - few_ctas_gain)
-    comm = 5.6
 
     def row(cap, ctas, step, overlap_fraction=0.9, exposed=None, tail=0.05):
         n = max(1, int(4 * PSI / (cap * 2**20)))
@@ -156,3 +156,137 @@ def write_all(directory) -> None:
     from labutils import recorded
     for name, data in (("08_ddp", ddp()), ("08_zero", zero()), ("08_fsdp", fsdp())):
         recorded.save(name, data, fingerprint="SYNTHETIC test data | not a measurement", directory=directory)
+
+
+def build_ddp_answers() -> dict:
+    """Wrong-but-plausible answers to "build your DDP" (b) and (c), defined in a function so that cloudpickle
+    sends them by value to the ranks. Each is a class of the exercises' protocol: ``cls(model[, cap])``,
+    then ``finish()`` after every backward."""
+    import torch
+    import torch.distributed as dist
+    from labutils.solutions import lab08 as S
+
+    class Stub:
+        def __init__(self, model, *args):
+            raise NotImplementedError
+
+        def finish(self):
+            raise NotImplementedError
+
+    class AfterBackward:  # hooks only note the gradient; the all-reduces start in finish(): no overlap
+        def __init__(self, model):
+            self.ready = []
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(self.ready.append)
+
+        def finish(self):
+            handles = [dist.all_reduce(p.grad, async_op=True) for p in self.ready]
+            for h, p in zip(handles, self.ready):
+                h.wait()
+                p.grad /= dist.get_world_size()
+            self.ready.clear()
+
+    class OverlappedSum(S.OverlappedGradients):  # forgets the average
+        def start(self, p):
+            self.handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    class TensorHook:  # p.register_hook runs on the incoming gradient, before it is accumulated into p.grad
+        def __init__(self, model):
+            self.handles, self.n = [], dist.get_world_size()
+            for p in model.parameters():
+                p.register_hook(self.start)
+
+        def start(self, grad):
+            grad = grad / self.n
+            self.handles.append(dist.all_reduce(grad, async_op=True))
+            return grad
+
+        def finish(self):
+            for h in self.handles:
+                h.wait()
+            self.handles.clear()
+
+    class Blocking(S.OverlappedGradients):  # all-reduces from the hooks, but each one waited for there
+        def start(self, p):
+            p.grad /= self.world_size
+            dist.all_reduce(p.grad)
+
+    class NeverReset(S.BucketedGradients):  # right once; the count of missing gradients is never reset
+        def finish(self):
+            pending = self.pending
+            super().finish()
+            self.pending = pending
+
+    class EarlyBucket(S.BucketedGradients):  # off by one: launches while one gradient is still missing
+        def __init__(self, model, cap):
+            super().__init__(model, cap)
+            self.pending = [len(b) - 1 for b in self.buckets]
+
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.buffers[b] /= self.world_size
+                self.handles.append(dist.all_reduce(self.buffers[b], async_op=True))
+
+        def finish(self):
+            super().finish()
+            self.pending = [len(b) - 1 for b in self.buckets]
+
+    class BucketedSum(S.BucketedGradients):
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.handles.append(dist.all_reduce(self.buffers[b], async_op=True))
+
+    class PerParameter(S.OverlappedGradients):  # (b) handed in as (c)
+        def __init__(self, model, cap):
+            super().__init__(model)
+
+    class ForwardOrder(S.BucketedGradients):  # buckets packed in forward order
+        def __init__(self, model, cap):
+            class Reversed(torch.nn.Module):
+                def __init__(self, params):
+                    super().__init__()
+                    self.ps = list(params)
+
+                def parameters(self, recurse=True):
+                    return iter(self.ps[::-1])
+            super().__init__(Reversed(model.parameters()), cap)
+
+    class FlushInFinish(S.BucketedGradients):  # every bucket, full or not, started in finish()
+        def ready(self, p):
+            b, offset = self.where[p]
+            self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+
+        def finish(self):
+            for buffer in self.buffers:
+                buffer /= self.world_size
+                self.handles.append(dist.all_reduce(buffer, async_op=True))
+            super().finish()
+
+    return {"stub": Stub, "after_backward": AfterBackward, "overlapped_sum": OverlappedSum,
+            "tensor_hook": TensorHook, "never_reset": NeverReset, "blocking": Blocking, "early_bucket": EarlyBucket,
+            "bucketed_sum": BucketedSum, "per_parameter": PerParameter, "forward_order": ForwardOrder,
+            "flush_in_finish": FlushInFinish}
+
+
+def build_ddp(no_sync: float = 3.0, comm: float = 1.7, hidden_b: float = 0.8, hidden_c: float = 0.85,
+              ddp_ratio: float = 1.02, standins: tuple = ()) -> dict:
+    """A recording in ``build_measure.build_ddp``'s format: the naive step exposes all of ``comm``; (b) and
+    (c) hide ``hidden_b`` / ``hidden_c`` of it; the bucketed step is ``ddp_ratio`` x DDP's."""
+    exposed = {"no_sync": 0.0, "naive": comm, "overlapped": comm * (1 - hidden_b),
+               "bucketed": comm * (1 - hidden_c)}
+    steps = {k: no_sync + v for k, v in exposed.items()}
+    steps["DDP"] = steps["bucketed"] / ddp_ratio  # DDP's row: what makes the bucketed step ddp_ratio x it
+    exposed["DDP"] = steps["DDP"] - no_sync
+    calls = {"no_sync": 0, "naive": 64, "overlapped": 64, "bucketed": 17, "DDP": 17}
+    rows = [{"name": k, "step_ms": steps[k], "exposed_ms": exposed[k], "exposed_samples_ms": [exposed[k]] * 15,
+             "all_reduces": calls[k], "size_bytes": 0 if k == "no_sync" else 537_133_056, "sizes": []}
+            for k in ("no_sync", "naive", "overlapped", "bucketed", "DDP")]
+    return {"rows": rows, "comm_ms": comm, "config": {"bucket_cap_mb": 25}, "world_size": 2,
+            "n_params": 134_283_264, "gradient_bytes": 537_133_056, "comm_fraction": comm / (no_sync + comm),
+            "standins": {k: k in standins for k in ("naive", "overlapped", "bucketed")}, "gpu": "NVIDIA H200"}

@@ -25,7 +25,7 @@ from notebook_defs import load_definitions
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src" / "08_data_parallel.py"
 NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
-ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": S.zero2_attach,
              "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 
@@ -137,7 +137,7 @@ def _verdicts(data) -> dict:
 
 def test_ddp_verdicts_follow_their_thresholds_on_both_sides():
     ok = C.ddp_verdicts(fakes.ddp())
-    assert len(ok) == 9 and all(v.verdict == "TRUE" for v in ok), [v.body() for v in ok]
+    assert len(ok) == 8 and all(v.verdict == "TRUE" for v in ok), [v.body() for v in ok]
     names = list(_verdicts(fakes.ddp()))
     flipped = {  # one argument moved across its threshold flips exactly one verdict
         names[0]: fakes.ddp(speedup=1.80),
@@ -145,10 +145,9 @@ def test_ddp_verdicts_follow_their_thresholds_on_both_sides():
         names[2]: fakes.ddp(cost=0.35),
         names[3]: fakes.ddp(accounted=0.65),
         names[4]: fakes.ddp(tail_share=0.12),
-        names[5]: fakes.ddp(one_overlap=0.3),
+        names[5]: fakes.ddp(comm=7.5),          # 11% of the best step: communication is no longer small
         names[6]: fakes.ddp(wrapper=0.03),
-        names[7]: fakes.ddp(few_ctas_gain=0.005),
-        names[8]: fakes.ddp(saved_psi=3.0),
+        names[7]: fakes.ddp(saved_psi=3.0),
     }
     for name, data in flipped.items():
         got = _verdicts(data)
@@ -156,30 +155,32 @@ def test_ddp_verdicts_follow_their_thresholds_on_both_sides():
     assert _verdicts(fakes.ddp(accounted=1.35))[names[3]] == "FALSE"  # the stretch overshoots the excess
     near = {names[0]: fakes.ddp(speedup=1.86), names[1]: fakes.ddp(overlap_best=0.71),
             names[2]: fakes.ddp(cost=0.29), names[3]: fakes.ddp(accounted=0.71), names[4]: fakes.ddp(tail_share=0.09),
-            names[5]: fakes.ddp(one_overlap=0.24), names[6]: fakes.ddp(wrapper=0.019),
-            names[7]: fakes.ddp(few_ctas_gain=0.011), names[8]: fakes.ddp(saved_psi=4.35)}
+            names[5]: fakes.ddp(comm=6.5), names[6]: fakes.ddp(wrapper=0.019), names[7]: fakes.ddp(saved_psi=4.35)}
     for name, data in near.items():
         assert _verdicts(data)[name] == "TRUE", name
     assert overlap.speedup(fakes.ddp(speedup=1.9)) == pytest.approx(1.9)
+    assert "whole all-reduce alone is" in ok[1].figure       # the overlap verdict says how much there was to hide
+    assert "-" in C.cta_comparison(fakes.ddp(few_ctas_gain=0.02)).split("(")[1][:2]   # faster: a negative change
+    assert C.cta_comparison(fakes.ddp(traced=False)) is None
 
 
 def test_ddp_verdicts_from_cpu_ranks_say_the_timeline_is_not_measured():
     got = C.ddp_verdicts(fakes.ddp(traced=False))
     words = [v.verdict for v in got]
-    assert words.count(C.NOT_MEASURED) == 4 and len(got) == 8  # no CTA sweep on gloo
+    assert words.count(C.NOT_MEASURED) == 3 and len(got) == 8
     assert all(v.figure.startswith("no kernel timeline") for v in got if v.verdict == C.NOT_MEASURED)
     assert {v.verdict for v in got if v.verdict != C.NOT_MEASURED} == {"TRUE"}
 
 
 def test_a_recording_without_the_timeline_keeps_its_verdicts():
-    """Recordings made before the paired difference and the kernel timeline (the committed one until the
-    GPUs re-record it) are judged as they were printed: hidden share against the no_sync step."""
+    """Recordings made before the paired difference and the kernel timeline are judged as they were
+    printed: hidden share against the no_sync step."""
     old = fakes.no_timeline_ddp()
     assert not overlap.measures_exposed(old) and overlap.measures_exposed(fakes.ddp())
     got = C.ddp_verdicts(old)
     assert [v.claim.split(" (")[0] for v in got][:2] == [
         "DDP on 2 GPUs trains a compute-bound transformer at >= 1.85x one GPU's throughput", "At the best configuration"]
-    assert [v.verdict for v in got] == ["TRUE"] * 6, [v.body() for v in got]
+    assert [v.verdict for v in got] == ["TRUE"] * 5, [v.body() for v in got]
     assert [v.verdict for v in C.ddp_verdicts(fakes.no_timeline_ddp(speedup=1.80, hidden_best=0.6))[:2]] == ["FALSE"] * 2
     table = overlap.sweep_table(old)
     assert table["stretch ms"].isna().all() and (table["exposed ms"] == table["step ms"] - table["no_sync ms"]).all()
@@ -227,6 +228,7 @@ def test_zero_and_fsdp_verdicts_follow_their_thresholds():
     assert C.fsdp_verdicts(fakes.fsdp(state_ratio=0.6))[0].verdict == "FALSE"
     assert C.fsdp_verdicts(fakes.fsdp(traced=False)) == f  # the profiler summary is shown, not judged
     assert set(C.CLAIMS) == {"08_ddp", "08_zero", "08_fsdp", "08_plain_one_gpu"}
+    assert set(C.NOT_YET_RECORDED) == {"08_build_ddp"}   # joins CLAIMS once 2xH200 has recorded it
 
 
 def test_prediction_checkers(capsys):
@@ -246,13 +248,19 @@ def test_record_takes_the_notebooks_code_and_refuses_its_stubs():
     from labutils.labs.lab08_data_parallel import measure, record
     def stub(*args):
         raise NotImplementedError  # what the student edition's answer cells hold
-    stubs = type(NB)(**vars(NB) | {"my_average_gradients": stub, "my_zero1_step": stub})
-    with pytest.raises(ValueError, match="my_average_gradients, my_zero1_step still raises NotImplementedError.*HINT"):
+    stubs = type(NB)(**vars(NB) | {"my_average_gradients": stub, "my_zero1_step": stub, "my_zero2_attach": stub,
+                                   "MyBucketedGradients": B["stub"]})
+    with pytest.raises(ValueError, match="my_average_gradients, my_zero1_step, my_zero2_attach still raises "
+                                         "NotImplementedError.*HINT"):
         record.zero_impl(stubs)
-    solved = type(NB)(**vars(NB) | {"my_average_gradients": S.average_gradients, "my_zero1_step": S.zero1_step})
+    with pytest.raises(ValueError, match="my_average_gradients, MyBucketedGradients still raises"):
+        record.build_impl(stubs)
+    solved = type(NB)(**vars(NB) | {"my_average_gradients": S.average_gradients, "my_zero1_step": S.zero1_step,
+                                    "my_zero2_attach": S.zero2_attach})
     impl = record.zero_impl(solved)
     assert impl["shard_of"] is NB.shard_of and impl["zero1_step"] is S.zero1_step
     assert set(impl) == set(measure.ZERO_FUNCTIONS)
+    assert record.build_impl(solved)["bucketed"] is NB.MyBucketedGradients   # the course edition's classes
 
 
 def test_record_refuses_without_gpus_and_unknown_names(capsys):
@@ -268,6 +276,13 @@ def test_record_refuses_without_gpus_and_unknown_names(capsys):
 @pytest.fixture(scope="module")
 def pool():
     with labutils.RankPool(world_size=2, backend="gloo", output="quiet", timeout=300) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    """The checkers' ranks: 3, where a 2-rank symmetry cannot hide a mistake."""
+    with labutils.RankPool(world_size=3, backend="gloo", output="quiet", timeout=300) as p:
         yield p
 
 
@@ -298,7 +313,7 @@ def test_ddp_no_sync_and_bucket_views(pool):
 
 
 def test_zero_1_and_2_match_data_parallel_adam(pool):
-    r = pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+    r = pool.run(verify.check_zero, NB.shard_of, S.zero1_step, S.zero2_attach,
                  NB.zero2_step, S.average_gradients)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
     assert r["ZeRO-2 == data parallelism by hand with Adam (3 steps)"]
@@ -341,7 +356,7 @@ def test_ledger_counts_what_each_collective_moves(pool):
 
 def test_zero_with_padding_on_three_ranks(no_leaks):
     """ConvNet's sizes do not all divide by 3: the padded-copy path of shard_of and gather_param."""
-    r = labutils.launch(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+    r = labutils.launch(verify.check_zero, NB.shard_of, S.zero1_step, S.zero2_attach,
                         NB.zero2_step, S.average_gradients, world_size=3, backend="gloo",
                         output="quiet", timeout=300)[0]
     assert r["ZeRO-1 == data parallelism by hand with Adam (3 steps)"]
@@ -402,45 +417,188 @@ def _wrong_answers() -> dict:
     def _zero_raises(params, shards, optimizer):
         raise RuntimeError("boom")
 
-    return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "zero_no_divide": _zero_no_divide,
+    def _zero2_hooks(keep_grad: bool, divide: bool):
+        def attach(params, shards):
+            import functools
+            import torch.distributed as dist
+            from labutils import compat
+            n = dist.get_world_size()
+
+            def hook(p, shard):
+                piece = torch.empty_like(shard)
+                compat.reduce_scatter_tensor(piece, NB.padded_flat(p.grad, n))
+                shard.grad = piece / n if divide else piece
+                if not keep_grad:
+                    p.grad = None
+            return [p.register_post_accumulate_grad_hook(functools.partial(hook, shard=s))
+                    for p, s in zip(params, shards)]
+        return attach
+
+    def _zero2_no_hooks(params, shards):  # "attaches" nothing: the reduction never happens in backward
+        return []
+
+    def _flat_once(model):  # right gradients, but not the naive design: one flat all-reduce
+        import torch.distributed as dist
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]) / dist.get_world_size()
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _reduce_broadcast(model):  # a parameter server on rank 0: right gradients, twice the traffic
+        import torch.distributed as dist
+        for p in model.parameters():
+            dist.reduce(p.grad, dst=0)
+            dist.broadcast(p.grad, src=0)
+            p.grad /= dist.get_world_size()
+
+    def _half_twice(model):  # each gradient all-reduced twice (half each time): right values, 2x the bytes
+        import torch.distributed as dist
+        for p in model.parameters():
+            p.grad /= 2 * dist.get_world_size()
+            once = p.grad.clone()
+            dist.all_reduce(once)
+            dist.all_reduce(p.grad)
+            p.grad += once
+
+    return {"stub": _stub, "sum_only": _sum_only, "no_op": _no_op, "flat_once": _flat_once,
+            "reduce_broadcast": _reduce_broadcast, "half_twice": _half_twice,
+            "zero2_keeps_grad": _zero2_hooks(keep_grad=True, divide=True),
+            "zero2_no_divide": _zero2_hooks(keep_grad=False, divide=False), "zero2_no_hooks": _zero2_no_hooks,
+            "zero_no_divide": _zero_no_divide,
             "zero_no_gather": _zero_no_gather, "zero_all_reduce": _zero_all_reduce,
             "zero_raises": _zero_raises}
 
 
 W = _wrong_answers()
+B = fakes.build_ddp_answers()
 
 
-def test_average_checker(pool, capsys):
-    assert check.average_gradients(W['stub'], pool=pool) is check.torch_average_gradients
+def test_average_checker(pool3, capsys):
+    assert check.average_gradients(W['stub'], pool=pool3) is check.torch_average_gradients
     assert "not attempted" in capsys.readouterr().err
-    check.average_gradients(lambda m: check.torch_average_gradients(m), pool=pool)  # the stand-in is right
+    check.average_gradients(lambda m: check.torch_average_gradients(m), pool=pool3)  # the stand-in is right
     assert "✓" in capsys.readouterr().out
-    assert check.average_gradients(S.average_gradients, pool=pool) is S.average_gradients
+    assert check.average_gradients(S.average_gradients, pool=pool3) is S.average_gradients
+    assert "(8 all-reduces for 8 parameters" in capsys.readouterr().out
+    check.average_gradients(W['flat_once'], pool=pool3)   # one flat all-reduce: every gradient once, also right
+    assert "(1 all-reduces for 8 parameters" in capsys.readouterr().out
     with pytest.raises(ExerciseError, match="divide the sum"):
-        check.average_gradients(W['sum_only'], pool=pool)
+        check.average_gradients(W['sum_only'], pool=pool3)
     with pytest.raises(ExerciseError, match="still each rank's own"):
-        check.average_gradients(W['no_op'], pool=pool)
+        check.average_gradients(W['no_op'], pool=pool3)
+    with pytest.raises(ExerciseError, match="besides all-reduces your step issued broadcast, reduce.*HINT"):
+        check.average_gradients(W['reduce_broadcast'], pool=pool3)  # right gradients, twice the traffic
+    with pytest.raises(ExerciseError, match="issued 16 all-reduces.*HINT: all-reduce every parameter's gradient "
+                                            "exactly once"):
+        check.average_gradients(W['half_twice'], pool=pool3)  # right gradients: halves all-reduced twice
 
 
-def test_zero_step_checker(pool, capsys):
-    assert check.zero_step(W['stub'], pool=pool) is check.averaged_then_sharded_step
+def test_checkers_refuse_a_pool_of_two_ranks(pool):
+    with pytest.raises(ValueError, match=">= 3 ranks.*HINT"):
+        check.average_gradients(S.average_gradients, pool=pool)
+
+
+def test_zero_step_checker(pool3, capsys):
+    assert check.zero_step(W['stub'], pool=pool3) is check.averaged_then_sharded_step
     assert "not attempted" in capsys.readouterr().err
-    assert check.zero_step(S.zero1_step, pool=pool) is S.zero1_step
+    assert check.zero_step(S.zero1_step, pool=pool3) is S.zero1_step
     with pytest.raises(ExerciseError, match="world_size times the average"):
-        check.zero_step(W['zero_no_divide'], pool=pool)
+        check.zero_step(W['zero_no_divide'], pool=pool3)
     with pytest.raises(ExerciseError, match="all-gather the shards"):
-        check.zero_step(W['zero_no_gather'], pool=pool)
-    with pytest.raises(ExerciseError, match="but not as ZeRO-1.*HINT.*no all-reduce"):
-        check.zero_step(W['zero_all_reduce'], pool=pool)
+        check.zero_step(W['zero_no_gather'], pool=pool3)
+    with pytest.raises(ExerciseError, match="all-reduced the full gradients.*HINT: an all-reduce sends 2\\(N-1\\)/N.*"
+                                            "half the bytes"):
+        check.zero_step(W['zero_all_reduce'], pool=pool3)
     with pytest.raises(ExerciseError, match="raised RuntimeError on rank 0: boom"):
-        check.zero_step(W['zero_raises'], pool=pool)
+        check.zero_step(W['zero_raises'], pool=pool3)
+
+
+def test_zero2_checker(pool3, capsys):
+    assert check.zero2_attach(W['stub'], pool=pool3) is check.averaged_then_sliced_hooks
+    assert "not attempted: my_zero2_attach" in capsys.readouterr().err
+    assert check.zero2_attach(S.zero2_attach, pool=pool3) is S.zero2_attach
+    assert "10 reduce-scatters during backward for 10 parameters" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="all-reduced the full gradients: 17173 bytes.*sends 8656.*HINT.*half the "
+                                            "bytes"):
+        check.zero2_attach(check.averaged_then_sliced_hooks, pool=pool3)   # the stand-in is no answer
+    with pytest.raises(ExerciseError, match="some p.grad still holds a full gradient.*HINT.*p.grad = None"):
+        check.zero2_attach(W['zero2_keeps_grad'], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times the average"):
+        check.zero2_attach(W['zero2_no_divide'], pool=pool3)
+    with pytest.raises(ExerciseError, match="no collective ran during backward.*HINT.*register_post_accumulate"):
+        check.zero2_attach(W['zero2_no_hooks'], pool=pool3)
+
+
+# ---- build your DDP: (b) overlapped, (c) bucketed --------------------------------------------------
+
+
+def test_bucket_layout_is_ddps_rule():
+    from labutils.labs.lab08_data_parallel import build
+    sizes = [p.numel() * p.element_size() for p in build.mlp().parameters()]
+    assert build.bucket_layout(sizes, build.BUCKET_CAP_BYTES) == [[7, 6, 5, 4], [3, 2], [1, 0]]
+    assert build.bucket_layout([4, 4, 4], 1) == [[2], [1], [0]]            # each alone
+    assert build.bucket_layout([4, 4, 4], 10**9) == [[2, 1, 0]]            # one bucket
+    assert build.bucket_layout([4, 4, 4], 8) == [[2, 1], [0]]              # full at >= the cap; last partial
+
+
+def test_blocking_all_reduces_restores_torch_distributed():
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from labutils.labs.lab08_data_parallel import build
+    original = dist.all_reduce
+    with pytest.raises(RuntimeError, match="boom"):
+        with build.blocking_all_reduces() as calls:
+            assert dist.all_reduce is not original and distributed_c10d.all_reduce is dist.all_reduce
+            assert calls == []
+            raise RuntimeError("boom")
+    assert dist.all_reduce is original and distributed_c10d.all_reduce is original
+
+
+def test_overlapped_checker(pool3, capsys):
+    assert check.overlapped_gradients(B["stub"], pool=pool3) is check.AveragedAfterBackward
+    assert "not attempted: MyOverlappedGradients" in capsys.readouterr().err
+    assert check.overlapped_gradients(S.OverlappedGradients, pool=pool3) is S.OverlappedGradients
+    assert "8 all-reduces for 8 parameters, every one started during backward" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="issued after backward.*cannot overlap.*HINT.*inside the hook"):
+        check.overlapped_gradients(B["after_backward"], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times DDP's.*HINT.*divide"):
+        check.overlapped_gradients(B["overlapped_sum"], pool=pool3)
+    with pytest.raises(ExerciseError, match="before the last gradient.*HINT.*register_post_accumulate_grad_hook"):
+        check.overlapped_gradients(B["tensor_hook"], pool=pool3)
+    with pytest.raises(ExerciseError, match="issued after backward"):  # the stand-in is no answer
+        check.overlapped_gradients(check.AveragedAfterBackward, pool=pool3)
+    with pytest.raises(ExerciseError, match="8 all-reduces during backward were called without async_op=True.*"
+                                            "HINT.*returns a handle"):
+        check.overlapped_gradients(B["blocking"], pool=pool3)
+
+
+def test_bucketed_checker(pool3, capsys):
+    assert check.bucketed_gradients(B["stub"], pool=pool3) is check.AveragedAfterBackward
+    assert "not attempted: MyBucketedGradients" in capsys.readouterr().err
+    assert check.bucketed_gradients(S.BucketedGradients, pool=pool3) is S.BucketedGradients
+    assert "3 all-reduces of [3096, 4000, 1344] bytes" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="before the last gradient it carries.*HINT.*still missing"):
+        check.bucketed_gradients(B["early_bucket"], pool=pool3)
+    with pytest.raises(ExerciseError, match="world_size times DDP's"):
+        check.bucketed_gradients(B["bucketed_sum"], pool=pool3)
+    with pytest.raises(ExerciseError, match="one all-reduce per parameter.*HINT.*pack"):
+        check.bucketed_gradients(B["per_parameter"], pool=pool3)
+    with pytest.raises(ExerciseError, match="DDP's buckets for this cap carry.*HINT.*in reverse"):
+        check.bucketed_gradients(B["forward_order"], pool=pool3)
+    with pytest.raises(ExerciseError, match="issued after backward"):
+        check.bucketed_gradients(B["flush_in_finish"], pool=pool3)
+    with pytest.raises(ExerciseError, match="step 2: your step issued no all-reduce.*HINT: the first step was right"):
+        check.bucketed_gradients(B["never_reset"], pool=pool3)
 
 
 def test_zero_step_checker_on_three_ranks_with_padding(no_leaks):
     """The checker's rank side on 3 ranks, where ConvNet's sizes need padding: ZeRO-1 passes, and a step that
     all-reduces the full gradients is told apart by its communication alone (its weights are right)."""
     from labutils.labs.lab08_data_parallel import exercises
-    for fn, want in ((S.zero1_step, "ok"), (W["zero_all_reduce"], "not_sharded")):
+    for fn, want in ((S.zero1_step, "ok"), (W["zero_all_reduce"], "all_reduce")):
         r = labutils.launch(exercises.run_zero_step, fn, W["stub"], world_size=3, backend="gloo",
                             output="quiet", timeout=300)
         assert [x["diagnosis"] for x in r] == [want] * 3 and not any(x["not_attempted"] for x in r)
@@ -468,7 +626,7 @@ def test_measurements_run_on_gloo(pool):
         sum(r["exposed_samples_ms"]) / 2) and r["timeline"] is None and not overlap.has_timeline(r) for r in d["sweep"])
     assert set(d["memory"]) == {"bucket_cap_mb", "ctas", "view", "no_view"} and overlap.measures_exposed(d)
     got = C.ddp_verdicts(d)  # computable from a real run; no timeline on CPU ranks
-    assert sum(v.verdict == C.NOT_MEASURED for v in got) == 4
+    assert sum(v.verdict == C.NOT_MEASURED for v in got) == 3
     z = measure.zero(pool, cfg, impl=ZERO_IMPL)
     assert [r["scheme"] for r in z["rows"]] == ["DDP", "ZeRO-1", "ZeRO-2"]
     assert all(r["volume_psi"] == pytest.approx(2.0) for r in z["rows"])
@@ -479,8 +637,29 @@ def test_measurements_run_on_gloo(pool):
     assert f["DDP"]["calls"]["all_reduce"] == 1
 
 
+def test_build_ddp_measurement_runs_on_gloo(pool):
+    """08_build_ddp's code on CPU ranks, a tiny workload: every row, the all-reduces each design issued in one
+    step (DDP's after its bucket rebuild), the stand-ins named; the figures themselves come from the GPUs."""
+    from labutils.labs.lab08_data_parallel import build_measure as BM
+    cfg = dict(BM.WIDE, d_model=32, n_layers=3, rows=8, bucket_cap_mb=0.005, warmup=1, iters=1, repeat=2)
+    d = BM.build_ddp(pool, S.average_gradients, S.OverlappedGradients, S.BucketedGradients, cfg=cfg)
+    rows = C.build_rows(d)
+    assert list(rows) == list(BM.ROWS) and d["n_params"] == 3 * (32 * 32 + 32) == BM.n_params(cfg)
+    assert [rows[k]["all_reduces"] for k in BM.ROWS] == [0, 6, 6, 2, 2]   # 5.2 kB cap: layers 3+2, then 1
+    assert all(rows[k]["size_bytes"] == 4 * d["n_params"] for k in BM.ROWS[1:])
+    assert rows["no_sync"]["exposed_ms"] == 0 and len(rows["naive"]["exposed_samples_ms"]) == 2
+    assert 0 < d["comm_fraction"] < 1 and d["standins"] == {"naive": False, "overlapped": False, "bucketed": False}
+    assert len(C.build_verdicts(d)) == 4
+    d = BM.build_ddp(pool, check.torch_average_gradients, check.AveragedAfterBackward, check.AveragedAfterBackward,
+                     cfg=cfg)
+    assert d["standins"] == {"naive": True, "overlapped": True, "bucketed": True}
+    assert [v.verdict for v in C.build_verdicts(d)][1:] == [C.NOT_JUDGED] * 3
+
+
 def test_the_measurements_refuse_to_run_without_the_code_they_measure():
-    from labutils.labs.lab08_data_parallel import measure
+    from labutils.labs.lab08_data_parallel import build_measure, measure
+    with pytest.raises(ValueError, match=r"\['bucketed'\] is None.*HINT"):
+        build_measure.build_ddp(None, S.average_gradients, S.OverlappedGradients, None)
     with pytest.raises(ValueError, match="impl lacks"):
         measure.zero(None, impl={"shard_of": NB.shard_of})
     with pytest.raises(ValueError, match="shard_transformer=shard_transformer"):

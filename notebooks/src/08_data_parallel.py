@@ -9,7 +9,9 @@
 # **Objectives**
 # 1. Write data parallelism by hand — replicate the model, split the batch, all-reduce the gradients —
 #    and prove that it trains exactly like one device on the whole batch; see what summing instead of
-#    averaging does to the learning rate.
+#    averaging does to the learning rate. Then build DDP yourself: the naive step, the step whose
+#    all-reduces start from backward's hooks, and DDP's buckets — checked against torch's DDP and by the
+#    communication they issue, and timed on a workload where communication is a large part of the step.
 # 2. Use `DistributedDataParallel` and measure what makes it fast and what communicating still costs it:
 #    gradient buckets whose all-reduce overlaps the backward (on a profiler timeline and in step times),
 #    `no_sync()` for gradient accumulation, `gradient_as_bucket_view`.
@@ -20,13 +22,16 @@
 # **GPUs needed for the live path:** 2 (written for any number); one GPU runs the plain model's step and its
 # memory (part 2) live. Every algorithm is checked live on gloo ranks (CPU tensors) everywhere; a measurement
 # that needs more GPUs than the machine has is the one this notebook recorded, labelled **RECORDED**.
-# **Time:** 85 min of study; about 55 s to run on 2×H200 (about 15 s on a 2-core CPU).
+# **Time:** 150 min of study (five exercises: DDP built three ways, ZeRO-1, ZeRO-2's hooks);
+# under 90 s to run on 2×H200 (under 60 s on a 2-core CPU).
 
 # %% [markdown]
 # ## Setup
-# One `RankPool` serves the whole lab: its ranks start once (NCCL with one GPU per rank when there are
-# enough GPUs, else gloo on CPU tensors) and every experiment below is a call into them. Its output is
-# quiet; pass `output="grouped"` to `POOL.run` to see what the ranks print.
+# One `RankPool` serves the lab's experiments: its ranks start once (NCCL with one GPU per rank when there
+# are enough GPUs, else gloo on CPU tensors) and every experiment below is a call into them. Its output is
+# quiet; pass `output="grouped"` to `POOL.run` to see what the ranks print. A second pool, `CHECKS`, of 3
+# gloo ranks runs the exercises' checkers on every machine: with 2 ranks some mistakes (in the averaging, in
+# the sharding) pass by symmetry, and on CPU tensors the checkers print the same lines everywhere.
 
 # %% tags=["nbval-ignore-output"]
 import contextlib
@@ -47,15 +52,17 @@ import labutils
 from labutils import claims, compat, hw, plots, recorded
 from labutils.config import rank_device
 from labutils.instruments import compare
+from labutils.instruments.ledger import Ledger
 from labutils.checks import lab08 as check
 from labutils.labs.lab08_data_parallel import claims as lab_claims
-from labutils.labs.lab08_data_parallel import measure, memory, model, one_gpu, overlap, span_trace, verify
+from labutils.labs.lab08_data_parallel import build_measure, measure, memory, model, one_gpu, overlap, span_trace, verify
 
 HAVE_FSDP2 = hasattr(fsdp, "fully_shard")  # FSDP2: public since torch 2.6
 HW = hw.describe()
 MODE = HW.mode
 BACKEND = "nccl" if MODE == "multi-gpu" else "gloo"
 POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)  # starts in the background
+CHECKS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the checkers' ranks
 TRACES = Path("traces").resolve()  # profiler traces (git-ignored), written when the DDP timeline runs live
 print(f"{POOL.world_size} ranks, backend {POOL.backend}; FSDP2 available: {HAVE_FSDP2}")
 HW
@@ -128,11 +135,14 @@ my_prediction_lr_factor = None  # ✍ your number: the factor that multiplies lr
 check.prediction_lr_factor(my_prediction_lr_factor, POOL.world_size)
 
 # %% [markdown]
-# ### Exercise 1: the gradient all-reduce
+# ### Build your DDP (a): the naive step
 # Write `my_average_gradients(model)`: called on every rank after `backward()`, it must leave in each
 # `p.grad` the gradient of the **whole batch's** mean loss — the same on every rank. Use
 # `dist.all_reduce` (in place, a sum by default) and `dist.get_world_size()`. The checker runs it on the
-# ranks of `POOL` after a backward on each rank's share of a batch, and compares with one device.
+# 3 ranks of `CHECKS` after a backward on each rank's share of a batch and compares with one device and
+# with torch's `DistributedDataParallel` on the same model and data; the communication ledger
+# (`instruments.ledger.Ledger`, inside the ranks) checks that every gradient was handed to an all-reduce
+# exactly once.
 
 # %% nbgrader={"grade": false, "grade_id": "average_gradients", "locked": false, "schema_version": 3, "solution": true}
 def my_average_gradients(model):
@@ -144,7 +154,7 @@ def my_average_gradients(model):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_average_gradients", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-average_gradients = check.average_gradients(my_average_gradients, pool=POOL)
+average_gradients = check.average_gradients(my_average_gradients, pool=CHECKS)
 
 # %% [markdown]
 # **Run and compare.** `verify.check_by_hand` gives every rank a *different* initialisation, calls
@@ -166,23 +176,184 @@ compare.report(POOL.run(verify.check_by_hand, replicate, train_data_parallel,
 # SGD, or a loss scale meets it.
 
 # %% [markdown]
+# ### Build your DDP (b): start each all-reduce from backward
+# The naive step waits for the whole backward before it sends a byte, so the step pays for all of its
+# all-reduces on top of the compute. Yet backward produces the gradients one layer at a time, the last
+# layer's first, and each is final as soon as it is accumulated — long before backward reaches the first
+# layer. An all-reduce started then travels while backward computes the rest.
+#
+# PyTorch gives both halves. `p.register_post_accumulate_grad_hook(hook)` calls `hook(p)` right after
+# backward has accumulated this backward's gradient into `p.grad` (a tensor hook, `p.register_hook`, runs
+# earlier: on the incoming gradient, before it is added to `p.grad`). `dist.all_reduce(t, async_op=True)`
+# returns a handle at once; `handle.wait()` returns when the result is in `t` (on a GPU: it makes the
+# current stream wait for it, so whatever is queued after it sees the result).
+#
+# Write `MyOverlappedGradients(model)`. **Goal:** when `obj.finish()` returns — it is called after
+# `backward()` and before `optimizer.step()` — every `p.grad` holds the mean over the ranks, as in (a).
+# **Invariant:** each gradient's all-reduce starts *during* backward, as soon as that gradient has been
+# accumulated and never before; `finish()` only waits, and leaves the object ready for the next step. The
+# checker trains 2 SGD steps on 3 ranks beside torch's DDP, compares the gradients after `finish()`, and
+# reads the ledger: how many collectives were issued during `backward()` and how many in `finish()`, and how
+# many gradients existed when each one started.
+
+# %% nbgrader={"grade": false, "grade_id": "overlapped_gradients", "locked": false, "schema_version": 3, "solution": true}
+class MyOverlappedGradients:
+    """Data parallelism's gradient average, started from backward (see above)."""
+
+    def __init__(self, model):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+        self.reference = solution.OverlappedGradients(model)
+        ### END SOLUTION
+
+    def finish(self):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        self.reference.finish()
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_overlapped_gradients", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+OverlappedGradients = check.overlapped_gradients(MyOverlappedGradients, pool=CHECKS)
+
+# %% [markdown]
+# ### Build your DDP (c): buckets
+# One all-reduce per parameter pays one launch and one latency per parameter, and a model has many small
+# ones (biases, norms): lab 06 measured what a small message costs. DDP packs the gradients into
+# **buckets** and all-reduces each bucket as one flat tensor. Its rule (`compute_bucket_assignment_by_size`
+# in PyTorch's `reducer.cpp`): walk the parameters in reverse order — about the order backward produces
+# their gradients — add each to the current bucket, and close the bucket once it holds at least the cap's
+# bytes (`numel × element_size`); the last bucket may hold less. Each gradient is copied into its place in
+# its bucket's buffer when it is ready; when a bucket's last gradient has arrived, the bucket's all-reduce
+# starts.
+#
+# Write `MyBucketedGradients(model, bucket_cap_bytes)`. **Goal:** as in (b), after `finish()` every `p.grad`
+# holds the mean over the ranks. **Invariants:** one all-reduce per bucket, the buckets laid out by the rule
+# above and issued in that order; each starts during backward once — and only once — every gradient of its
+# bucket has been accumulated (the two gradients of a layer arrive in no promised order: count, per bucket,
+# what is still missing); `finish()` leaves the object ready for the next step. The checker uses a
+# 2048-byte cap on a 4-layer float64 MLP (8 parameters), so the ledger can tell the buckets apart by size.
+
+# %% nbgrader={"grade": false, "grade_id": "bucketed_gradients", "locked": false, "schema_version": 3, "solution": true}
+class MyBucketedGradients:
+    """DDP's buckets: one all-reduce per bucket, started when its last gradient is ready (see above)."""
+
+    def __init__(self, model, bucket_cap_bytes):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+        self.reference = solution.BucketedGradients(model, bucket_cap_bytes)
+        ### END SOLUTION
+
+    def finish(self):
+        # ✍ your code here
+        ### BEGIN SOLUTION
+        self.reference.finish()
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_bucketed_gradients", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+BucketedGradients = check.bucketed_gradients(MyBucketedGradients, pool=CHECKS)
+
+# %% [markdown]
+# ### What overlap buys, measured
+# Overlap can only hide communication that is there. `build_measure.WIDE` is a workload chosen for it: a
+# stack of wide Linear + GELU layers (large weights, little compute per byte of gradient), fp32 weights, bf16
+# autocast, SGD, on 2 GPUs. Each of your three designs trains its own copy; beside them, DDP with the same
+# bucket cap, and DDP under `no_sync()` — the same forward and backward with no communication at all: the
+# compute floor. The steps take turns sample by sample (CUDA events, each sample the slowest rank's), and
+# **exposed** is the median, over samples, of a step's time minus the `no_sync` step's beside it: what
+# communicating still costs that step. The measurement also times the bucketed design's all-reduces alone,
+# back to back on the same communicator, and reports what share of a step without overlap they are — the
+# verdicts judge overlap only where that share is at least a fifth, their stated precondition.
+#
+# **Predict.** The exposed time of your bucketed step, as a fraction of the naive step's.
+
+# %%
+my_prediction_exposed_fraction = None  # ✍ your number, between 0 and 1
+
+# %% tags=["nbval-ignore-output"]
+BUILD_M = recorded.live_or_none(
+    "08_build_ddp", lambda: build_measure.build_ddp(POOL, average_gradients, OverlappedGradients, BucketedGradients),
+    gpus_needed=2, shows="your naive, overlapped and bucketed steps against DDP's (same bucket cap) and no_sync on "
+                         "a workload whose all-reduce is a large share of the step: step and exposed times, and "
+                         "the verdicts on what overlap hid")
+if BUILD_M is not None:
+    BD = BUILD_M.data
+    print(f"{BD['n_params'] / 1e6:.0f} M parameters on {BD['world_size']} GPUs, {BD['config']['rows']} rows per "
+          f"GPU, bucket cap {BD['config']['bucket_cap_mb']:g} MB; all-reduces alone {BD['comm_ms']:.2f} ms = "
+          f"{BD['comm_fraction']:.0%} of a step without overlap   [{BUILD_M.label}]")
+    print(f"your prediction: (c) exposes {my_prediction_exposed_fraction} of (a)'s")
+    display(pd.DataFrame([{"step": r["name"] + (" (stand-in)" if BD["standins"].get(r["name"]) else ""),
+                           "step ms": r["step_ms"], "exposed ms": r["exposed_ms"], "all-reduces": r["all_reduces"]}
+                          for r in BD["rows"]]).style.format(precision=2).hide(axis="index"))
+    rows = [r for r in BD["rows"] if r["name"] != "no_sync"]
+    display(plots.bar_plot([r["name"] for r in rows], [r["exposed_ms"] for r in rows], ylabel="exposed ms",
+                           annotate="{:.2f}", title=f"communication the step still pays — {BUILD_M.label}"))
+    claims.show(lab_claims.build_verdicts(BD), BUILD_M)
+
+# %% [markdown]
+# **What this says.** The naive step's exposed time is its all-reduces, whole: nothing else runs while
+# they do. Started from the hooks, the all-reduces run beside the backward of earlier layers, and only what
+# is left when backward ends — at best the last gradient's or the last bucket's all-reduce — stays exposed.
+# Hidden is not free on a GPU (part 2 measures why: NCCL's kernels take SMs and memory bandwidth from
+# backward's), so even a perfectly overlapped step pays something over `no_sync`. Per-parameter all-reduces
+# pay a launch and a latency each; buckets pay them once per bucket but start later (a bucket waits for its
+# last gradient). The last verdict compares your buckets with DDP's at the same cap: DDP's reducer runs the
+# same algorithm in C++, and with `gradient_as_bucket_view=True` (as measured here) it also skips the copies
+# back out of the buckets that your `finish()` makes.
+
 # ## 2 · `DistributedDataParallel`
 #
 # DDP (Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020;
 # PyTorch's "DDP design" notes) runs the same algorithm, averaging like exercise 1, with three moves:
 #
 # 1. **Replication** in its constructor: rank 0's parameters and buffers are broadcast to every rank.
-# 2. **Buckets.** Gradients are grouped, in reverse order of the parameters (about the order backward
-#    produces them), into buckets of up to `bucket_cap_mb` (default 25 MiB), and each bucket is
-#    all-reduced as one flat tensor: few large messages instead of one per parameter (lab 06: small
-#    messages pay the latency).
+# 2. **Buckets**, as in your (c), with two refinements. *The first iteration uses one bucket*: with
+#    `find_unused_parameters=False` (the default) DDP cannot know the order in which backward will produce
+#    the gradients, so its first backward all-reduces every gradient in a single bucket after the last one is
+#    ready, and records the order in which they arrived. *The buckets are then rebuilt* in that order, once,
+#    before the second forward (`Reducer::rebuild_buckets` in `reducer.cpp`), with `bucket_cap_mb` (default
+#    25 MiB) as the cap — except the **first** bucket, the first gradients to arrive: when `bucket_cap_mb` is
+#    left at its default, its cap is `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB, so that the first all-reduce
+#    starts early. (In PyTorch's `distributed.py`, recent versions pass `_DEFAULT_FIRST_BUCKET_BYTES` as
+#    the reducer's `first_bucket_bytes_cap` only when `bucket_cap_mb` is left at its default — older ones
+#    always did — so with an explicit `bucket_cap_mb` the first bucket is capped like the others.) The cell
+#    below shows both on the ledger.
 # 3. **Overlap.** A hook on every parameter marks its gradient ready; when a bucket is full, its
 #    all-reduce starts on NCCL's stream while backward keeps computing earlier layers. If the all-reduces
 #    keep pace with the backward, only the last bucket's stands between the backward's end and the optimizer.
 #    A collective moves data only once every rank has launched it: a rank that reaches a bucket first
 #    waits, inside the all-reduce, for the others.
 #
-# So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce.
+# So part 1's loop works unchanged: wrap the model, and drop the hand-written all-reduce. First, DDP's
+# buckets as the ledger sees them, three iterations on the `CHECKS` ranks (a 4-layer model of 1 MiB
+# weights, `bucket_cap_mb` left at its default):
+
+# %%
+def ddp_buckets_per_iteration(rank, world_size, iterations=3):
+    """The all-reduces DDP issues in each of its first iterations, read by the ledger (sizes in MiB)."""
+    net = nn.Sequential(*[nn.Linear(512, 512, bias=False) for _ in range(4)])  # 4 weights of 1 MiB each
+    ddp_net = DDP(net)  # bucket_cap_mb left at its default (25 MiB): the first bucket is capped at 1 MiB
+    sizes = []
+    for _ in range(iterations):
+        with Ledger() as book:
+            ddp_net(torch.randn(8, 512)).sum().backward()
+        sizes.append([r.size_bytes / 2**20 for r in book.records if r.op == "all_reduce"])
+    return sizes
+
+
+for i, sizes in enumerate(CHECKS.run(ddp_buckets_per_iteration)[0]):
+    print(f"iteration {i + 1}: {len(sizes)} all-reduce(s) of {', '.join(f'{s:g}' for s in sizes)} MiB")
+
+# %% [markdown]
+# The first iteration reduces all 4 MiB in one call, after the whole backward. From the second on, the
+# last layer's weight — the first gradient to arrive — fills the 1 MiB first bucket on its own and is
+# all-reduced while backward computes the other three, which share one bucket under the 25 MiB cap. The
+# sweep below passes `bucket_cap_mb` explicitly, so its first bucket is as large as the others (the
+# recording's buckets are in its data: `bucket_bytes`); and every timed step there comes after the rebuild
+# (one untimed step first).
 
 # %%
 def train_ddp(rank, world_size, batches):
@@ -347,6 +518,9 @@ plots.line_plot(caps, {"DDP step": [r["step_ms"] for r in caps_rows],
 
 # %% tags=["nbval-ignore-output"]
 claims.show(lab_claims.ddp_verdicts(D), DDP_M)
+cta_line = lab_claims.cta_comparison(D)
+if cta_line:  # your third prediction's answer: shown, not judged
+    print(f"fewer CTAs: {cta_line}   [{DDP_M.label}]")
 
 # %% [markdown]
 # **The thresholds.** At least 1.85 times one GPU's throughput on 2 GPUs, and at least 70% of the all-reduce's
@@ -357,11 +531,17 @@ claims.show(lab_claims.ddp_verdicts(D), DDP_M)
 # both read from the same traced steps, so what is left over is time the compute stream waited for something
 # else (its CPU thread, the other rank), and more than that would make "the kernels shared the GPU" the wrong
 # story. The tail may be at most a tenth of the all-reduce alone: with the all-reduces keeping pace with
-# backward, only part of the last bucket should remain. With one bucket at most a quarter may run beside
-# compute before we doubt the trace. DDP's wrapper without communication is CPU work that a compute-bound GPU
-# should never wait for: 2% of the step is a cost a learner would see in throughput. A smaller CTA count has
-# to buy at least 1% of the step to be worth a separate communicator. The bucket view must save the
-# gradients' size, 4 bytes per parameter, within 10% (allocator rounding).
+# backward, only part of the last bucket should remain. DDP's wrapper without communication is CPU work that
+# a compute-bound GPU should never wait for: 2% of the step is a cost a learner would see in throughput. The
+# bucket view must save the gradients' size, 4 bytes per parameter, within 10% (allocator rounding).
+#
+# **What overlap can buy here.** No overlap can save more than the communication it hides, and on this
+# compute-bound transformer the whole gradient all-reduce, run alone, is a small part of the step: the
+# communication-share verdict says how small, next to how much slower the one-bucket configuration — no
+# overlap at all — was than the best. So a high *beside compute* share here shows that the mechanism works,
+# not that it matters: whatever it hides is at most that small share of the step. The workload of *Build your
+# DDP* above is chosen the other way round — its all-reduce is at least a fifth of a step without overlap,
+# a precondition its verdicts check — and is where what overlap buys can be seen.
 #
 # The excess is compared with the stretch of the *same* traced steps, not with the timed *exposed*: a traced
 # pair is one sample, the timed figure a median of many; the table prints both so that you can see how far
@@ -424,7 +604,7 @@ else:
 #
 # Fewer CTAs make each all-reduce longer (the *all-reduce alone* column). Compare their row's stretch with
 # NCCL's default at the same cap: if it is larger, the longer presence beside backward cost more than the
-# SMs it gave back, and the CTA verdict says what that did to the step.
+# SMs it gave back; the line under the verdicts says what that did to the step.
 #
 # The CPU-activity trace is the other lesson: compare its length with the timed step. Where it is much
 # longer and its GPU-idle time large, the profiler made the host the bottleneck, and idle time in such a
@@ -456,6 +636,13 @@ else:
 # Communication per step (ZeRO paper §7): DDP's all-reduce is a reduce-scatter plus an all-gather, Ψ
 # elements each — 2Ψ; ZeRO-1 and ZeRO-2 do exactly that reduce-scatter and that all-gather — 2Ψ; ZeRO-3
 # gathers the weights twice (forward and backward) — 3Ψ.
+#
+# **How this lab counts bytes.** The ledger (`instruments.ledger.Ledger`, the one labs 08 and 09 share)
+# records for every call `size_bytes`, the bytes handed to the collective — nccl-tests' S: the tensor of an
+# all-reduce, the input of a reduce-scatter, the output of an all-gather — and `wire_bytes`, the bytes this
+# rank sends on a ring: 2(N−1)/N · S for an all-reduce, (N−1)/N · S for a reduce-scatter or an all-gather.
+# The ZeRO paper's volume is S per reduce-scatter or all-gather and 2S per all-reduce, which is `wire_bytes`
+# × N/(N−1) for all three: the volumes below are in those units, and the checkers judge `wire_bytes`.
 
 # %% tags=["nbval-ignore-output"]
 N = POOL.world_size
@@ -492,18 +679,24 @@ def shard_of(p, world_size, rank):
 # `optimizer = torch.optim.AdamW(shards)` — Adam's state now exists for the shards only.
 #
 # ### Exercise 2: one ZeRO-1 step
-# Write `my_zero1_step(params, shards, optimizer)`, called on every rank after `backward()`:
-# 1. for each parameter `p` and its shard `s`: `s.grad = torch.empty_like(s)`, then
-#    `compat.reduce_scatter_tensor(s.grad, padded_flat(p.grad, world_size))` — rank r receives the sum over
-#    ranks of piece r — divide it by the world size, and drop `p.grad` (set it to `None`);
-# 2. `optimizer.step()` and `optimizer.zero_grad()`;
-# 3. for each parameter, all-gather the updated shards back into the full weights:
-#    `compat.all_gather_into_tensor(padded_flat(p.detach(), world_size), s.detach().clone())` (the clone:
-#    `s` may be a view of the very tensor being written), then, if padding made `padded_flat` a copy,
-#    copy its first `p.numel()` values back into `p`.
+# Write `my_zero1_step(params, shards, optimizer)`, called on every rank after `backward()` — each `p.grad`
+# is this rank's own gradient, `optimizer` an AdamW over this rank's shards only.
 #
-# (`compat` calls `reduce_scatter_tensor` / `all_gather_into_tensor`, or their torch ≥ 2.13 names.) The
-# checker compares your step, three times, with part 1's training using the same AdamW on full weights.
+# **Goal:** after your step, every rank's parameters are what data parallelism with the same AdamW on the
+# full parameters gives (part 1's average, then one optimizer step).
+#
+# **Invariants:** the optimizer is stepped once and sees, for each shard, this rank's piece of the
+# *averaged* gradient; no rank ever receives a full averaged gradient — each rank receives only its own
+# piece of the sum, so each sends (N−1)/N of every gradient, not an all-reduce's 2(N−1)/N; the full
+# gradients are dropped (`p.grad = None`); afterwards every rank's full parameters hold every rank's
+# updated piece.
+#
+# The tools: `compat.reduce_scatter_tensor(output, input)` gives rank r, in `output`, the sum over the ranks
+# of piece r of `input`; `compat.all_gather_into_tensor(output, input)` gives every rank, in `output`, every
+# rank's `input` in rank order (`compat` calls them, or their torch ≥ 2.13 names); `padded_flat` and
+# `shard_of` above define the pieces. Mind that a shard can be a view of the very tensor a gather writes
+# into. The checker runs three steps on 3 ranks beside torch's DDP with the same AdamW, and reads the
+# ledger: which collectives, and how many bytes each rank put on the wire.
 
 # %% nbgrader={"grade": false, "grade_id": "zero1_step", "locked": false, "schema_version": 3, "solution": true}
 def my_zero1_step(params, shards, optimizer):
@@ -515,12 +708,37 @@ def my_zero1_step(params, shards, optimizer):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_zero1_step", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-zero1_step = check.zero_step(my_zero1_step, pool=POOL)
+zero1_step = check.zero_step(my_zero1_step, pool=CHECKS)
 
 # %% [markdown]
-# **ZeRO-2.** The reduce-scatter moves into backward: a hook that runs the moment a parameter's gradient is
-# accumulated (`register_post_accumulate_grad_hook`) reduce-scatters it and frees it, so at no time does a
-# rank hold all the gradients. The step then only updates the shards and all-gathers the weights.
+# ### Exercise 3: ZeRO-2's gradient hooks
+# ZeRO-2 also shards the gradients: the reduction moves into backward, parameter by parameter, so that no
+# rank ever holds all the full gradients at once — your (b) did the same with all-reduces. The step is then
+# only the optimizer on the shards and the all-gather of the weights (`zero2_step`, below).
+#
+# Write `my_zero2_attach(params, shards)`: it prepares every parameter and returns the handles of what it
+# registered (so that they can be removed). **Goal:** after each `backward()`, `shard.grad` is this rank's
+# piece of the averaged gradient (added to what is already there, so that gradient accumulation still works),
+# and `zero2_step` then gives data parallelism's weights. **Invariants:** each gradient is reduced during
+# backward, as soon as it has been accumulated, with one collective that sends (N−1)/N of it from each rank
+# and gives each rank only its piece; no `p.grad` holds a full gradient once backward is done. The checker:
+# 3 ranks, three AdamW steps beside torch's DDP, and the ledger over `backward()`.
+
+# %% nbgrader={"grade": false, "grade_id": "zero2_attach", "locked": false, "schema_version": 3, "solution": true}
+def my_zero2_attach(params, shards):
+    # ✍ your code here
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab08 as solution  # the instructor's edition: the reference answer
+    return solution.zero2_attach(params, shards)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_zero2_attach", "locked": true, "points": 4, "schema_version": 3, "solution": false}
+zero2_attach = check.zero2_attach(my_zero2_attach, pool=CHECKS)
+
+# %% [markdown]
+# The rest of ZeRO-2's step, given: the optimizer on the shards, then every rank's updated shard gathered back
+# into the full parameters.
 
 # %%
 def gather_param(p, shard):
@@ -530,22 +748,6 @@ def gather_param(p, shard):
     compat.all_gather_into_tensor(full, shard.detach().clone())  # clone: our shard may be a view of full
     if full.numel() != p.numel():  # padded: full is a copy, write it back
         p.detach().copy_(full[: p.numel()].view_as(p))
-
-
-def zero2_attach(params, shards):
-    """ZeRO-2: reduce-scatter each gradient the moment backward has accumulated it, keep only this
-    rank's averaged shard, and free the full gradient: no rank ever holds all the gradients."""
-    world_size = dist.get_world_size()
-
-    def reduce_scatter_now(p, shard):
-        part = torch.empty_like(shard)
-        compat.reduce_scatter_tensor(part, padded_flat(p.grad, world_size))  # my shard of the SUM
-        part /= world_size  # the average, as DDP
-        shard.grad = part if shard.grad is None else shard.grad + part  # accumulation still works
-        p.grad = None  # the full gradient is freed right here, during backward
-
-    return [p.register_post_accumulate_grad_hook(functools.partial(reduce_scatter_now, shard=s))
-            for p, s in zip(params, shards)]
 
 
 def zero2_step(params, shards, optimizer):
@@ -694,8 +896,9 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # **What this says.** FSDP2 shards the weights, the gradients and Adam's state, so its state per GPU is
 # part 3's formula with everything divided by N, plus whatever stays unsharded — the first verdict checks it
 # against DDP. The price is communication — one more all-gather of the weights per step, issued ahead of the
-# compute that needs it — and FSDP2's per-block work on the CPU thread (below); the step-time column shows
-# what the two together cost the step. `reshard_after_forward=False` trades memory back for that all-gather.
+# compute that needs it; the step-time column shows what FSDP2's step costs against DDP's, and this lab does
+# not measure how that time divides between communication and the rest. `reshard_after_forward=False`
+# trades memory back for that all-gather.
 #
 # **Why prefetching more blocks need not help.** FSDP2 already prefetches by default (PyTorch's FSDP notes,
 # "FSDP Prefetch Nuances"; the pull request that added `set_modules_to_forward_prefetch`). In forward it
@@ -709,23 +912,27 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # compute kernels" at the cost of allocating the next all-gather's output while the current one is in use.
 # What it costs is real: more gathered blocks alive at once (the peak column), all-gathers that share NCCL's
 # single communicator with the reduce-scatters and so queue ahead of them in issue order, and more FSDP2
-# bookkeeping on the CPU thread (Python hooks, stream waits, copy-in and copy-out per block). If the
-# GPU-idle column is large, the step is waiting on that CPU thread — FSDP2's per-block work in Python — and
-# the other rank's collectives wait for it, as DDP's did in part 2; prefetching more, which adds CPU work
-# before each block's compute, cannot shorten that; if it is small, the all-gathers were already hidden.
-# Either way the last verdict reports what explicit prefetching did on the machine that measured.
+# bookkeeping on the CPU thread (Python hooks, stream waits, copy-in and copy-out per block). The GPU-idle
+# column says how long the GPU ran nothing in the profiled step; what it waited for there is not measured
+# in this lab. The last verdict reports what explicit prefetching did on the machine that measured.
 
 # %% [markdown]
 # ## Summary
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
+claims.table(claims.judge(lab_claims.CLAIMS | lab_claims.NOT_YET_RECORDED,
+                          *[m for m in (BUILD_M, PLAIN_M, DDP_M, ZERO_M, FSDP_M) if m is not None]))
 
 # %% [markdown]
 # * The source's §2.1 is data parallelism: replicate, split the batch, all-reduce the gradients — and the
 #   all-reduce must **average**. Then N ranks train exactly like one device on the whole batch (checked to
 #   float64 rounding); summing multiplies SGD's learning rate by N.
+# * You built DDP's core three times: all-reduces after backward; one per gradient, started from
+#   `register_post_accumulate_grad_hook` with `async_op=True` and waited before the optimizer; and DDP's
+#   buckets, reverse parameter order, one all-reduce per bucket once its last gradient is in — each checked
+#   against torch's DDP on 3 ranks and by the collectives it issued, and timed where communication is a
+#   large share of the step.
 # * DDP is that loop with the all-reduce inside backward, bucketed and overlapped; `no_sync()` skips it
 #   during gradient accumulation — and, timed in turn with the step, gives what communicating costs the step;
 #   `gradient_as_bucket_view` saves a gradient copy.
@@ -737,7 +944,11 @@ claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 #   shares HBM bandwidth, so backward's kernels stretch while an all-reduce runs beside them; the accounting
 #   verdict says whether that stretch and the tail before the optimizer make up the step's excess on the
 #   machine that recorded this notebook. Fewer CTAs give SMs back but keep each all-reduce beside backward
-#   for longer: the stretch column and the CTA verdict say which wins.
+#   for longer: the stretch column and the line under the verdicts say which wins. And overlap can only
+#   buy what communication costs: on the transformer of part 2 that is a small part of the step (the
+#   communication-share verdict says how small); the workload of *Build your DDP* is chosen so that it is a
+#   large one (its precondition verdict checks), and there the exposed time of your three steps shows what
+#   starting the all-reduces from backward, and bucketing them, buys.
 # * ZeRO shards what each rank needs only 1/N of — optimizer state (ZeRO-1), gradients (ZeRO-2), weights
 #   (ZeRO-3 / FSDP2) — with reduce-scatter and all-gather: the same 2Ψ as DDP until the weights are sharded,
 #   3Ψ then; the ZeRO paper's bytes-per-parameter counting predicts the memory per GPU (verdicts above).
@@ -749,3 +960,4 @@ claims.table(claims.judge(lab_claims.CLAIMS, PLAIN_M, DDP_M, ZERO_M, FSDP_M))
 
 # %%
 POOL.close()
+CHECKS.close()

@@ -20,7 +20,7 @@ from gpus import gpu_count, needs_gpus  # tests/gpus.py (pytest puts tests/ on s
 from notebook_defs import load_definitions
 
 NB = load_definitions("08_data_parallel")       # the code the lab teaches: the notebook's
-ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": NB.zero2_attach,
+ZERO_IMPL = {"shard_of": NB.shard_of, "zero1_step": S.zero1_step, "zero2_attach": S.zero2_attach,
              "zero2_step": NB.zero2_step, "average_gradients": S.average_gradients}
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
@@ -72,7 +72,7 @@ def test_by_hand_and_ddp_over_nccl(pool):
 
 
 def test_zero_and_fsdp2_over_nccl(pool):
-    r = _as_expected(pool.run(verify.check_zero, NB.shard_of, S.zero1_step, NB.zero2_attach,
+    r = _as_expected(pool.run(verify.check_zero, NB.shard_of, S.zero1_step, S.zero2_attach,
                            NB.zero2_step, S.average_gradients))
     assert r["communication per step in Ψ: DDP by hand, ZeRO-1, ZeRO-2"] == "2.00, 2.00, 2.00"
     r = _as_expected(pool.run(verify.check_fsdp, NB.shard_transformer))
@@ -129,7 +129,8 @@ def test_measurements_on_a_small_transformer(pool, tmp_path):
         assert len(row["exposed_samples_ms"]) == SMALL_BENCH["paired_repeat"]
         assert all(t["no_sync_tail_ms"] is not None for t in row["timeline"])
     got = C.ddp_verdicts(d)
-    assert len(got) == 9 and C.NOT_MEASURED not in {v.verdict for v in got}  # the CTA verdict included
+    assert len(got) == 8 and C.NOT_MEASURED not in {v.verdict for v in got}
+    assert "NCCL's default" in C.cta_comparison(d)  # the CTA sweep ran: shown beside the verdicts
 
     z = measure.zero(pool, SMALL_BENCH, impl=ZERO_IMPL)
     peaks = [r["peak_bytes"] for r in z["rows"]]

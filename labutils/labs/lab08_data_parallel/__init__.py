@@ -10,6 +10,10 @@ take it from ``notebooks/src/08_data_parallel.py`` (``labutils.notebook_source``
   ``settle`` (NCCL lets go of finished collectives' tensors before memory is read).
 * ``verify``  -- correctness runs on ranks (gloo or NCCL) against one device / DDP.
 * ``exercises`` -- the rank side of the exercise checkers (``labutils.checks.lab08``).
+* ``build``   -- the rank side of the "build your DDP" checkers: the learner's naive / overlapped / bucketed
+  gradient reduction beside torch's DDP, what each issued during backward and finish(), DDP's bucket rule.
+* ``build_measure`` -- the 2-GPU recording ``08_build_ddp``: those three steps against no_sync and DDP on a
+  communication-heavy workload.
 * ``steps``   -- one training step (forward, backward, AdamW; ``no_sync`` on request) and its pieces.
 * ``ddp_sweep`` -- the rank side of ``08_ddp``: plain model, bucket caps x NCCL CTAs, paired step / no_sync
   timings, kernel timelines.

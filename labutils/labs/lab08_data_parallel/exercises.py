@@ -28,7 +28,7 @@ def _convnet():
     return M.build_convnet(device=rank_device(), dtype=DTYPE, seed=0)
 
 
-def _gradient_diagnosis(got, expected, local, world_size) -> str:
+def gradient_diagnosis(got, expected, local, world_size) -> str:
     if any(g is None for g in got):
         return "none"
     if close(got, expected):
@@ -56,7 +56,7 @@ def run_average(rank, world_size, fn, fallback, steps: int = 3) -> dict:
     except NotImplementedError:
         used = fallback
         fallback(m)
-    diagnosis = _gradient_diagnosis([p.grad for p in m.parameters()], [p.grad for p in one.parameters()],
+    diagnosis = gradient_diagnosis([p.grad for p in m.parameters()], [p.grad for p in one.parameters()],
                                     local, world_size)
     data = image_batches(world_size, steps, device)
     dp, ref = _convnet(), _convnet()
@@ -91,13 +91,21 @@ def my_piece(t, world_size: int, rank: int):
     return F.pad(flat, (0, -flat.numel() % world_size)).chunk(world_size)[rank].clone()
 
 
-def _sharded(book: Ledger, shard_numel: int, world_size: int, itemsize: int) -> bool:
-    """ZeRO-1's communication: no all-reduce of full gradients; the reduce-scatters hand over the padded
-    gradients (world_size shards' worth) and the all-gathers gather as much back."""
-    sizes = {op: sum(r["size_bytes"] for r in book.summary(by=("op",)) if r["op"] == op)
-             for op in ("reduce_scatter", "all_gather")}
-    full = shard_numel * world_size * itemsize
-    return "all_reduce" not in book.counts() and sizes == {"reduce_scatter": full, "all_gather": full}
+def wire(book: Ledger) -> dict:
+    """Bytes this rank put on the wire per op (the ledger's ring model), rounded to whole bytes."""
+    return {r["op"]: round(r["wire_bytes"]) for r in book.summary(by=("op",))}
+
+
+def sharded_wire(shard_numel: int, world_size: int, itemsize: int) -> int:
+    """What one reduce-scatter (or all-gather) of every padded gradient sends per rank: (N-1)/N S."""
+    return round(shard_numel * (world_size - 1) * itemsize)
+
+
+def _sharded(book: Ledger, shard_numel: int, world_size: int, itemsize: int, ops=("reduce_scatter", "all_gather")) -> bool:
+    """ZeRO's communication, judged on the wire: no all-reduce of full gradients; each of ``ops`` sends
+    (N-1)/N of the padded gradients (or weights) from every rank, and nothing else is sent."""
+    want = sharded_wire(shard_numel, world_size, itemsize)
+    return wire(book) == {op: want for op in ops}
 
 
 def run_zero_step(rank, world_size, fn, fallback, average_gradients=None, steps: int = 3) -> dict:
@@ -135,10 +143,13 @@ def run_zero_step(rank, world_size, fn, fallback, average_gradients=None, steps:
                 raise
             used = fallback
             fallback(params, shards, opt)
+        if used is fn and "all_reduce" in book.counts():
+            return {"not_attempted": False, "diagnosis": "all_reduce", "step": at + 1, "wire": wire(book),
+                    "sharded_wire": sharded_wire(shard_numel, world_size, params[0].element_size())}
         if len(opt.seen) != before + 1:
             diagnosis = "step_count"
             break
-        diagnosis = _gradient_diagnosis(opt.seen[-1], expected, local, world_size)
+        diagnosis = gradient_diagnosis(opt.seen[-1], expected, local, world_size)
         if diagnosis != "ok":
             break
         if not close(weights(m), weights(ref.module)):
@@ -149,4 +160,81 @@ def run_zero_step(rank, world_size, fn, fallback, average_gradients=None, steps:
                                and adam_state_numel(opt) == 2 * shard_numel):
             diagnosis = "not_sharded"
             break
-    return {"not_attempted": used is fallback, "diagnosis": diagnosis, "step": at + 1}
+    return {"not_attempted": used is fallback, "diagnosis": diagnosis, "step": at + 1,
+            "sharded_wire": sharded_wire(shard_numel, world_size, params[0].element_size())}
+
+
+def gather_shards(params, shards, world_size: int) -> None:
+    """The checker's own all-gather of every rank's updated shard into the full parameters."""
+    from labutils.compat import all_gather_into_tensor
+    for p, s in zip(params, shards):
+        whole = torch.empty(world_size * s.numel(), dtype=s.dtype, device=s.device)
+        all_gather_into_tensor(whole, s.detach().reshape(-1).contiguous())
+        with torch.no_grad():
+            p.copy_(whole[: p.numel()].view_as(p))
+
+
+def run_zero2(rank, world_size, fn, fallback, steps: int = 3) -> dict:
+    """ZeRO-2's hook: ``fn(params, shards)`` registers, on every parameter, what turns its gradient into this
+    rank's averaged shard gradient during backward and frees the full gradient; returns the hook handles.
+    Judged per step against torch's DDP with the same AdamW: the shards' gradients after backward are this
+    rank's pieces of DDP's averaged ones, no ``p.grad`` is left after backward, and the collectives issued
+    during backward are one reduce-scatter per parameter sending (N-1)/N of the padded gradient from each
+    rank (no all-reduce); then the checker steps the shards, gathers them, and compares the weights."""
+    device = rank_device()
+    data = image_batches(world_size, steps, device)
+    ref = wrap_ddp(_convnet(), device)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    m, plain = _convnet(), _convnet()
+    params = list(m.parameters())
+    shards = [nn.Parameter(my_piece(p, world_size, rank)) for p in params]
+    opt = torch.optim.AdamW(shards, lr=1e-2)
+    shard_numel = sum(s.numel() for s in shards)
+    want_wire = sharded_wire(shard_numel, world_size, params[0].element_size())
+    mine = lambda ps: [my_piece(p, world_size, rank) for p in ps]  # noqa: E731
+    out = {"not_attempted": False, "diagnosis": "ok", "step": 0, "wire": {}, "sharded_wire": want_wire,
+           "calls": {}, "n_params": len(params)}
+    try:
+        handles = fn(params, shards)
+    except NotImplementedError:
+        out["not_attempted"] = True
+        handles = fallback(params, shards)
+    for at, (images, labels) in enumerate(data):
+        out["step"] = at + 1
+        x, y = split_batch(images, labels)
+        F.cross_entropy(ref(x), y).backward()
+        expected = mine([p.grad for p in ref.parameters()])
+        ref_opt.step()
+        ref_opt.zero_grad()
+        plain.load_state_dict(m.state_dict())
+        local = mine(torch.autograd.grad(F.cross_entropy(plain(x), y), list(plain.parameters())))
+        with Ledger("backward") as book:
+            F.cross_entropy(m(x), y).backward()
+        out["wire"], out["calls"] = wire(book), book.counts()
+        if out["not_attempted"]:
+            pass
+        elif "all_reduce" in out["calls"]:
+            out["diagnosis"] = "all_reduce"
+        elif not book.records:
+            out["diagnosis"] = "not_during_backward"
+        else:
+            out["diagnosis"] = gradient_diagnosis([s.grad for s in shards], expected, local, world_size)
+            if out["diagnosis"] == "ok" and any(p.grad is not None for p in params):
+                out["diagnosis"] = "kept_full"
+            elif out["diagnosis"] == "ok" and not (out["calls"] == {"reduce_scatter": len(params)}
+                                                   and _sharded(book, shard_numel, world_size,
+                                                                params[0].element_size(), ops=("reduce_scatter",))):
+                out["diagnosis"] = "count"
+        if out["diagnosis"] != "ok":
+            break
+        opt.step()
+        opt.zero_grad()
+        for p in params:
+            p.grad = None
+        gather_shards(params, shards, world_size)
+        if not close(weights(m), weights(ref.module)):
+            out["diagnosis"] = "wrong_update"
+            break
+    for h in handles or []:
+        h.remove()
+    return out

@@ -1,13 +1,13 @@
 """Record lab 08's GPU measurements without running the notebook (>= 2 GPUs; ~30 s on 2xH200).
 
-    python -m labutils.labs.lab08_data_parallel.record                 # all three, saved + verdicts
-    python -m labutils.labs.lab08_data_parallel.record ddp --no-save    # one of ddp / zero / fsdp, printed
+    python -m labutils.labs.lab08_data_parallel.record                 # all four, saved + verdicts
+    python -m labutils.labs.lab08_data_parallel.record ddp --no-save    # one of build / ddp / zero / fsdp
 
-Saves ``notebooks/recorded/08_ddp.json``, ``08_zero.json``, ``08_fsdp.json`` (with this machine's
-fingerprint) and the DDP traces under ``notebooks/traces/``; prints each recording's verdicts. It runs
-the notebook's own code, taken from ``notebooks/src/08_data_parallel.py`` (the lesson's functions and the
-two exercises as written there: it refuses to record while an exercise is still a stub). Executing the
-notebook with ``LABUTILS_RECORD=1`` records the same three files.
+Saves ``notebooks/recorded/08_build_ddp.json``, ``08_ddp.json``, ``08_zero.json``, ``08_fsdp.json`` (with
+this machine's fingerprint) and the DDP traces under ``notebooks/traces/``; prints each recording's
+verdicts. It runs the notebook's own code, taken from ``notebooks/src/08_data_parallel.py`` (the lesson's
+functions and the exercises as written there: it refuses to record while an exercise is still a stub).
+Executing the notebook with ``LABUTILS_RECORD=1`` records the same files.
 """
 from __future__ import annotations
 
@@ -19,13 +19,30 @@ from pathlib import Path
 from labutils import claims, recorded
 from labutils.notebook_source import load_definitions
 
-from . import measure
+from . import build_measure, measure
 from .claims import CLAIMS
 
 NOTEBOOK = "08_data_parallel"
 # the notebook's names of the ZeRO code measure.zero runs: its lesson functions and its two exercises
-ZERO_NAMES = {"shard_of": "shard_of", "zero1_step": "my_zero1_step", "zero2_attach": "zero2_attach",
+ZERO_NAMES = {"shard_of": "shard_of", "zero1_step": "my_zero1_step", "zero2_attach": "my_zero2_attach",
               "zero2_step": "zero2_step", "average_gradients": "my_average_gradients"}
+
+
+BUILD_NAMES = {"naive": "my_average_gradients", "overlapped": "MyOverlappedGradients",
+               "bucketed": "MyBucketedGradients"}
+
+
+def _refuse_stubs(nb, names) -> None:
+    """Raise ValueError if one of the notebook's exercises ``names`` is still its stub."""
+    def is_stub(obj):
+        codes = [obj.__code__] if hasattr(obj, "__code__") else [
+            f.__code__ for f in vars(obj).values() if hasattr(f, "__code__")]
+        return any("NotImplementedError" in c.co_names for c in codes)
+    stubs = [name for name in names if is_stub(getattr(nb, name))]
+    if stubs:
+        raise ValueError(f"the notebook's exercise {', '.join(stubs)} still raises NotImplementedError, and lab "
+                         "08 records the code the notebook runs. HINT: record from the course's edition of notebooks/src/"
+                         f"{NOTEBOOK}.py, whose exercise cells hold the answers, or write them first.")
 
 
 def zero_impl(nb) -> dict:
@@ -34,16 +51,22 @@ def zero_impl(nb) -> dict:
     Raises:
         ValueError: an exercise is still the notebook's stub (it raises NotImplementedError).
     """
-    stubs = [name for name in ("my_average_gradients", "my_zero1_step")
-             if "NotImplementedError" in getattr(nb, name).__code__.co_names]
-    if stubs:
-        raise ValueError(f"the notebook's exercise {', '.join(stubs)} still raises NotImplementedError, and lab "
-                         "08 records the code the notebook runs. HINT: record from the course's edition of notebooks/src/"
-                         f"{NOTEBOOK}.py, whose exercise cells hold the answers, or write them first.")
+    _refuse_stubs(nb, ("my_average_gradients", "my_zero1_step", "my_zero2_attach"))
     return {key: getattr(nb, name) for key, name in ZERO_NAMES.items()}
 
 
-MEASUREMENTS = {"ddp": ("08_ddp", lambda pool, traces, nb: measure.ddp(pool, trace_dir=traces)),
+def build_impl(nb) -> dict:
+    """``build_measure.build_ddp``'s three designs from the notebook's definitions ``nb``.
+
+    Raises:
+        ValueError: an exercise is still the notebook's stub.
+    """
+    _refuse_stubs(nb, tuple(BUILD_NAMES.values()))
+    return {key: getattr(nb, name) for key, name in BUILD_NAMES.items()}
+
+
+MEASUREMENTS = {"build": ("08_build_ddp", lambda pool, traces, nb: build_measure.build_ddp(pool, **build_impl(nb))),
+                "ddp": ("08_ddp", lambda pool, traces, nb: measure.ddp(pool, trace_dir=traces)),
                 "zero": ("08_zero", lambda pool, traces, nb: measure.zero(pool, impl=zero_impl(nb))),
                 "fsdp": ("08_fsdp", lambda pool, traces, nb: measure.fsdp(pool, shard_transformer=nb.shard_transformer))}
 
