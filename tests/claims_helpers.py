@@ -8,7 +8,10 @@ A rule that no measured point could fail is not a verdict. So every verdict func
 * ``point``: one measured number (a float) scaled by 0.5, then by 2 (a zero, which scaling keeps, set to 1);
 * ``count``: integers -- a series of them, then one at a time -- scaled the same way, and one at a time plus 1
   (a count, a byte total, or a setting such as a size: an integer is a measurement only sometimes);
-* ``outcome``: one boolean negated, one string emptied (an error text, a log that did not come).
+* ``outcome``: one boolean negated, one string emptied (an error text, a log that did not come);
+* ``machine``: every measured number (float) of one recording scaled together by 0.5, then by 2 -- the same
+  run on a machine twice as fast or as slow, which moves an absolute goal (``<= 15 us``) judged on several
+  numbers that no single series holds.
 
 A verdict *flips* when the same claim (same position and claim text) comes out with another word. For the
 tests of a verdict you fix, take the data, change it where the claim must fail, and judge again::
@@ -38,7 +41,7 @@ from typing import Callable, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "notebooks" / "recorded"
 FACTORS = (0.5, 2.0)
-TIERS = ("series", "point", "count", "outcome")
+TIERS = ("series", "point", "count", "outcome", "machine")
 
 
 def claim_modules() -> dict[str, object]:
@@ -185,6 +188,13 @@ def perturbations(datas: list, names: tuple, tiers=TIERS, factors=FACTORS) -> It
                 yield Perturbation("outcome", f"{_name(names, i, p)} = {not v}", ((i, p, not v),))
             elif isinstance(v, str) and v:
                 yield Perturbation("outcome", f"{_name(names, i, p)} = ''", ((i, p, ""),))
+    if "machine" in tiers:
+        for i, name in enumerate(names):
+            floats = [(j, p, v) for j, p, v in all_leaves if j == i and type(v) is float]
+            for f in factors:
+                if floats:
+                    yield Perturbation("machine", f"every number of {name} x{f:g}",
+                                       tuple((j, p, v * f) for j, p, v in floats))
 
 
 def _words(verdicts) -> list[tuple[str, str]]:
