@@ -404,6 +404,18 @@ def _stub(*args):
     raise NotImplementedError
 
 
+@pytest.fixture(scope="module")
+def gloo4():
+    """Four gloo ranks: the checkers' rules must hold for any ring size, not just the notebook's 3."""
+    with labutils.RankPool(world_size=4, backend="gloo", output="quiet") as p:
+        yield p
+
+
+@pytest.fixture(params=[3, 4])
+def checkers(request, gloo3, gloo4):
+    return {3: gloo3, 4: gloo4}[request.param]
+
+
 def test_checker_stub_is_not_attempted_and_gets_torchs_collective_as_stand_in(capsys, gloo3):
     fn = check.ring_all_gather(_stub, pool=gloo3)
     assert fn is check.torch_all_gather and checks.is_standin(fn)
@@ -432,9 +444,18 @@ def _my_ring_all_reduce(tensor):  # a learner's correct answer: reduce-scatter +
             q.wait()
 
 
-def test_checker_accepts_a_correct_answer_and_returns_it(capsys, gloo3):
-    assert check.ring_all_reduce(_my_ring_all_reduce, pool=gloo3) is _my_ring_all_reduce
-    assert capsys.readouterr().out.startswith("✓ ring all-reduce matches all_reduce on every rank")
+def test_checkers_accept_correct_rings_and_say_what_they_sent(capsys, checkers):
+    n = checkers.world_size
+    assert check.ring_all_reduce(_my_ring_all_reduce, pool=checkers) is _my_ring_all_reduce
+    assert check.ring_all_gather(solution.ring_all_gather, pool=checkers) is solution.ring_all_gather
+    reduce_line, gather_line = capsys.readouterr().out.splitlines()
+    assert reduce_line.startswith(f"✓ ring all-reduce matches all_reduce on every rank of {n}")
+    assert f"each rank sent {2 * (n - 1)} messages, all to its right neighbour" in reduce_line
+    size = 4 << 16   # the largest case: 65536 float32; rank 0 sends every chunk but (r+1)'s and (r+2)'s
+    sizes = [c.numel() * 4 for c in torch.empty(1 << 16).tensor_split(n)]
+    assert f"{2 * size - sizes[1] - sizes[2 % n]} B for S = {size} B (2(n-1)/n of S" in reduce_line
+    assert f"each rank sent {n - 1} messages" in gather_line
+    assert f"{(n - 1) * 250 * 8 * 4} B for S = {n * 250 * 8 * 4} B ((n-1)/n of S" in gather_line
 
 
 def _wrong_order(output, input):  # receives into the wrong chunk
@@ -455,29 +476,114 @@ def _never_writes(tensor):
     pass
 
 
+def _disguised_all_reduce(tensor):  # the right sum: the whole tensor to every peer, then add
+    r, n = dist.get_rank(), dist.get_world_size()
+    bufs = {p: torch.empty_like(tensor) for p in range(n) if p != r}
+    ops = [op for p, buf in bufs.items() for op in (dist.P2POp(dist.isend, tensor, p), dist.P2POp(dist.irecv, buf, p))]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    for buf in bufs.values():
+        tensor.add_(buf)
+
+
+def _whole_tensor_to_the_neighbour(tensor):  # the right sum, a ring of whole tensors: on 2 ranks it IS the ring
+    r, n = dist.get_rank(), dist.get_world_size()
+    passing, total = tensor.clone(), tensor.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(tensor)
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, passing, (r + 1) % n),
+                                         dist.P2POp(dist.irecv, incoming, (r - 1) % n)]):
+            q.wait()
+        total += incoming
+        passing = incoming
+    tensor.copy_(total)
+
+
+def _all_gather_to_everyone(output, input):  # the right result and the ring's bytes, but every peer
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    ops = [op for p in range(n) if p != r
+           for op in (dist.P2POp(dist.isend, chunks[r], p), dist.P2POp(dist.irecv, chunks[p], p))]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+
+
+def _ring_the_wrong_way(output, input):  # the right result: every chunk sent to the left neighbour
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    for s in range(n - 1):
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, chunks[(r + s) % n], (r - 1) % n),
+                                        dist.P2POp(dist.irecv, chunks[(r + s + 1) % n], (r + 1) % n)]):
+            q.wait()
+
+
+def _whole_output_each_step(output, input):  # the right result: the whole output buffer every step
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    incoming = torch.empty_like(output)
+    for s in range(n - 1):
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, output, (r + 1) % n),
+                                        dist.P2POp(dist.irecv, incoming, (r - 1) % n)]):
+            q.wait()
+        k = (r - s - 1) % n
+        chunks[k].copy_(incoming.view(n, -1)[k])
+
+
+def _two_messages_a_step(output, input):  # the right result and bytes, each chunk in two halves
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    for s in range(n - 1):
+        send, recv = chunks[(r - s) % n].tensor_split(2), chunks[(r - s - 1) % n].tensor_split(2)
+        for q in dist.batch_isend_irecv([dist.P2POp(op, t, peer) for a, b in zip(send, recv)
+                                         for op, t, peer in ((dist.isend, a, (r + 1) % n), (dist.irecv, b, (r - 1) % n))]):
+            q.wait()
+
+
 @pytest.mark.parametrize("checker, fn, pattern", [
     (check.ring_all_gather, _wrong_order, r"chunk\(s\) \[.*\] differ from all_gather_into_tensor.*HINT: chunk k must hold"),
     (check.ring_all_gather, _uses_the_collective, r"raised RuntimeError.*called dist\.all_gather_into_tensor"),
     (check.ring_all_reduce, _never_writes, r"output was never written.*HINT: write the sums back"),
+    (check.ring_all_reduce, _disguised_all_reduce,
+     r"case \(65536,\) float32, rank 0 of \d: the result is right, but this rank sent 786432 B|"
+     r"case \(65536,\) float32, rank 0 of 3: the result is right, but this rank sent 524288 B in 2 message\(s\) "
+     r"to rank\(s\) \[1, 2\], 1\.50x the 349536 B a ring sends.*HINT: .*1\.50x the time.*costs \(n-1\) S per rank"),
+    (check.ring_all_reduce, _whole_tensor_to_the_neighbour, r"the result is right, but this rank sent \d+ B in \d "
+     r"message\(s\) to rank\(s\) \[1\], \d\.\d\dx the \d+ B a ring sends.*HINT: where the links limit"),
+    (check.ring_all_gather, _all_gather_to_everyone, r"rank 0 of \d: this rank sent to rank\(s\) \[1, 2.*\]; in a "
+     r"ring it sends only to its right neighbour, rank 1.*HINT: a ring uses the n links between neighbours"),
+    (check.ring_all_gather, _ring_the_wrong_way, r"rank 0 of (3: this rank sent to rank\(s\) \[2\]|4: this rank "
+     r"sent to rank\(s\) \[3\]); in a ring it sends only to its right neighbour, rank 1"),
+    (check.ring_all_gather, _whole_output_each_step, r"the result is right, but this rank sent \d+ B.*\d\.\d\dx "
+     r"the \d+ B a ring sends \(\(n-1\)/n of S, the gathered output.*HINT: .*Send chunks\[\(r - s\) % n\]"),
+    (check.ring_all_gather, _two_messages_a_step, r"this rank sent (4|6) and received (4|6) non-empty message\(s\); the "
+     r"ring has (2|3) steps, one message each way per step. HINT: one batch per step"),
 ])
-def test_checker_rejects_wrong_answers(checker, fn, pattern, gloo3):
+def test_checker_rejects_wrong_answers(checker, fn, pattern, checkers):
     with pytest.raises(ExerciseError, match=pattern):
-        checker(fn, pool=gloo3)
+        checker(fn, pool=checkers)
 
 
 def _deadlocks(output, input):
-    r = dist.get_rank()
-    dist.send(input.reshape(-1), dst=1 - r)  # blocking send on both ranks
-    dist.recv(output.view(2, -1)[1 - r], src=1 - r)
+    r, n = dist.get_rank(), dist.get_world_size()
+    dist.send(input.reshape(-1), dst=(r + 1) % n)  # a blocking send on every rank: nobody receives
+    dist.recv(output.view(n, -1)[(r - 1) % n], src=(r - 1) % n)
 
 
 def test_checker_turns_a_deadlock_into_a_hint(no_leaks):
     with pytest.raises(ExerciseError, match=r"did not finish within 8 s.*HINT: post each step's send and receive together"):
-        check.ring_all_gather(_deadlocks, backend="gloo", world_size=2, timeout=8)
+        check.ring_all_gather(_deadlocks, timeout=8)   # its own launch: 3 gloo ranks
 
 
-def test_checker_wants_a_function_and_one_way_to_run():
+def test_checker_wants_a_function_one_way_to_run_and_three_gloo_ranks(gloo2):
     with pytest.raises(ExerciseError, match="expected a function"):
         check.ring_all_reduce(42, backend="gloo")
     with pytest.raises(ValueError, match="either pool= or backend="):
         check.ring_all_gather(_stub, pool=object(), backend="gloo")
+    for bad in ({"pool": gloo2}, {"world_size": 2}, {"backend": "nccl"}):
+        with pytest.raises(ValueError, match=r"judges a ring on 3 or more gloo ranks.*HINT: on 2 ranks sending the "
+                                             r"whole tensor"):
+            check.ring_all_reduce(_my_ring_all_reduce, **bad)

@@ -1,12 +1,21 @@
 """Checkers for lab 03: a ring all-gather and a ring all-reduce written with point-to-point ops.
 
-    ring_fn = check.ring_all_gather(my_ring_all_gather, pool=POOL)   # prints ✓ ... or raises
+    CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)
+    ring_fn = check.ring_all_gather(my_ring_all_gather, pool=CHECKERS)   # prints ✓ ... or raises
 
-Each checker runs on a ``labutils.RankPool``'s ranks (``pool=``) or launches ranks once (``backend=``,
-``world_size=``), runs your function on a few shapes and dtypes next to the
-collective it imitates, and compares them chunk by chunk on every rank. While your function runs,
-the collectives (``dist.all_gather_into_tensor``, ``dist.all_reduce``, ...) are switched off: the
-exercise is to build them from ``isend``/``irecv``. A stub that raises ``NotImplementedError``
+Each checker runs on at least 3 gloo ranks -- a ``labutils.RankPool``'s (``pool=``) or ranks it launches
+once (``world_size=``, 3 by default): on 2 ranks "send the whole tensor to the other rank and add" *is* a
+ring, so only 3 or more tell the two apart. It runs your function on a few shapes and dtypes next to the
+collective it imitates and compares them chunk by chunk on every rank. While your function runs, the
+collectives (``dist.all_gather_into_tensor``, ``dist.all_reduce``, ...) are switched off -- the exercise is
+to build them from ``isend``/``irecv`` -- and a ``labutils.instruments.ledger.Ledger`` records every message
+each rank sends and receives. A right answer must also be a ring, judged on that ledger: only
+point-to-point operations; every send to the right neighbour (rank + 1), every receive from the left
+(rank - 1); one message per step (n - 1 for an all-gather, 2 (n - 1) for an all-reduce); and no more bytes
+on the wire per rank than the ring's own cost -- (n-1)/n of the gathered output for an all-gather,
+2 (n-1)/n of the tensor for an all-reduce (nccl-tests' bus factors), rounded up to whole chunks where n does
+not divide the size. "Everything to everyone" gets the right numbers and fails on the bytes (an
+all-reduce) or on the peers (an all-gather), with a HINT that says what it costs. A stub that raises ``NotImplementedError``
 counts as "not attempted": nothing is checked, and the checker returns torch's own collective as the
 stand-in the rest of the notebook uses (``torch_all_gather``, ``torch_all_reduce``), so the notebook goes
 on. Each checker returns the function to use from here on: yours once it passes, else the stand-in.
@@ -17,10 +26,12 @@ import contextlib
 import math
 
 from . import fail, passed, run_ranks, say_not_attempted, standin
+
+MIN_RANKS = 3      # on 2 ranks "the whole tensor to the neighbour, then add" is indistinguishable from a ring
 _FORBIDDEN = ("all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce",
               "reduce_scatter_tensor", "reduce_scatter", "broadcast", "all_to_all_single")
 _AG_CASES = (((4,), "float32"), ((3, 5), "int64"), ((250, 8), "float32"))
-_AR_CASES = (((7,), "float32"), ((4, 6), "int64"), ((1 << 16,), "float32"))
+_AR_CASES = (((11,), "float32"), ((4, 6), "int64"), ((1 << 16,), "float32"))   # 11: uneven chunks
 DEADLOCK_HINT = ("post each step's send and receive together: dist.batch_isend_irecv([dist.P2POp("
                   "dist.isend, send_chunk, right), dist.P2POp(dist.irecv, recv_chunk, left)]). An "
                   "isend followed by an irecv on every rank deadlocks under NCCL (section 1), and a "
@@ -57,17 +68,27 @@ def _input(shape, dtype: str, rank: int, device):
     return t.reshape(shape).to(getattr(torch, dtype)).to(device)
 
 
-def _call(fn, first: bool, *args) -> bool:
-    """Run ``fn(*args)`` with collectives off. Returns False if the stub still raises
-    NotImplementedError on the first case (not attempted)."""
+def _call(fn, first: bool, *args) -> tuple[bool, dict]:
+    """Run ``fn(*args)`` with collectives off and a ledger on. Returns (False, {}) if the stub still raises
+    NotImplementedError on the first case (not attempted), else (True, what this rank sent and received)."""
+    from ..instruments.ledger import Ledger
     try:
-        with _collectives_forbidden():
+        with _collectives_forbidden(), Ledger() as ledger:
             fn(*args)
     except NotImplementedError:
         if not first:
             raise
-        return False
-    return True
+        return False, {}
+    return True, _traffic(ledger)
+
+
+def _traffic(ledger) -> dict:
+    """What one rank put on the wire: its non-empty sends and receives as [peer, bytes], in order, and every
+    other operation the ledger saw (a collective that slipped past the switch, e.g. from C++)."""
+    sends = [[r.peer, r.size_bytes] for r in ledger.records if r.op == "send" and r.size_bytes]
+    recvs = [[r.peer, r.size_bytes] for r in ledger.records if r.op == "recv" and r.size_bytes]
+    others = sorted({r.op for r in ledger.records if r.op not in ("send", "recv")} | set(ledger.unrecorded))
+    return {"sends": sends, "recvs": recvs, "others": others}
 
 
 def torch_all_gather(output, input, group=None) -> None:
@@ -92,6 +113,13 @@ def _chunks_differ(got, expected, n: int) -> list[int]:
     return [k for k, (a, b) in enumerate(pairs) if not torch.equal(a, b)]
 
 
+def _case(shape, dtype: str, got, expected, untouched: bool, traffic: dict, **ring) -> dict:
+    """One case's report: result (chunks that differ, output never written), traffic, the ring's own cost."""
+    n = ring.pop("n")
+    return {"case": f"{tuple(shape)} {dtype}", "untouched": untouched,
+            "bad": _chunks_differ(got.cpu(), expected.cpu(), n), **traffic, **ring}
+
+
 def _all_gather_rank(rank: int, world_size: int, fn) -> dict:
     import torch
     from ..compat import all_gather_into_tensor
@@ -102,11 +130,13 @@ def _all_gather_rank(rank: int, world_size: int, fn) -> dict:
         expected = inp.new_empty((world_size * shape[0], *shape[1:]))
         all_gather_into_tensor(expected, inp)
         got = torch.full_like(expected, -7)
-        if not _call(fn, i == 0, got, inp.clone()):
+        attempted, traffic = _call(fn, i == 0, got, inp.clone())
+        if not attempted:
             return {"attempted": False, "cases": []}
-        got, expected = got.cpu(), expected.cpu()
-        cases.append({"case": f"{tuple(shape)} {dtype}", "untouched": bool((got == -7).all()),
-                      "bad": _chunks_differ(got, expected, world_size)})
+        size = expected.numel() * expected.element_size()              # S: the gathered output
+        cases.append(_case(shape, dtype, got, expected, bool((got == -7).all()), traffic, n=world_size,
+                           size_bytes=size, ring_bytes=(world_size - 1) * size // world_size,
+                           ring_messages=world_size - 1))
     return {"attempted": True, "cases": cases}
 
 
@@ -119,21 +149,62 @@ def _all_reduce_rank(rank: int, world_size: int, fn) -> dict:
         expected = start.clone()
         dist.all_reduce(expected)
         got = start.clone()
-        if not _call(fn, i == 0, got):
+        attempted, traffic = _call(fn, i == 0, got)
+        if not attempted:
             return {"attempted": False, "cases": []}
-        cases.append({"case": f"{tuple(shape)} {dtype}", "untouched": bool((got == start).all()),
-                      "bad": _chunks_differ(got.cpu(), expected.cpu(), world_size)})
+        chunk = -(-start.numel() // world_size) * start.element_size()  # the largest of tensor_split's chunks
+        cases.append(_case(shape, dtype, got, expected, bool((got == start).all()), traffic, n=world_size,
+                           size_bytes=start.numel() * start.element_size(),
+                           ring_bytes=2 * (world_size - 1) * chunk, ring_messages=2 * (world_size - 1)))
     return {"attempted": True, "cases": cases}
 
 
-def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, stand_in, backend, world_size,
-           timeout: float, pool):
+def _judge_ring(what: str, r: int, n: int, case: dict, cost: str, hints: dict) -> None:
+    """Fail unless rank ``r``'s traffic in ``case`` is a ring's: point-to-point only, no more bytes than the
+    ring's cost, every send to r + 1 and every receive from r - 1, one message per step."""
+    right, left = (r + 1) % n, (r - 1) % n
+    where = f"{what}, case {case['case']}, rank {r} of {n}"
+    if case["others"]:
+        fail(f"{where}: your function issued {', '.join(case['others'])}", "build the ring from point-to-point "
+             "operations only: dist.isend/dist.irecv or dist.batch_isend_irecv")
+    sent = sum(b for _, b in case["sends"])
+    peers = sorted({p for p, _ in case["sends"]})
+    if sent > case["ring_bytes"]:
+        ratio = sent / case["ring_bytes"]
+        fail(f"{where}: the result is right, but this rank sent {sent} B in {len(case['sends'])} message(s) to "
+             f"rank(s) {peers}, {ratio:.2f}x the {case['ring_bytes']} B a ring sends ({cost}, S = "
+             f"{case['size_bytes']} B)", f"where the links limit the time, {ratio:.2f}x the bytes is {ratio:.2f}x "
+             f"the time, and the gap grows with the ranks: {hints['bytes']}")
+    if peers and peers != [right]:
+        fail(f"{where}: this rank sent to rank(s) {peers}; in a ring it sends only to its right neighbour, "
+             f"rank {right}", f"a ring uses the n links between neighbours and nothing else (sending to a rank "
+             f"further away crosses other ranks' links, or needs a connection to every peer): send to "
+             f"(rank + 1) % n and receive from (rank - 1) % n, the direction the chunk indices assume")
+    sources = sorted({p for p, _ in case["recvs"]})
+    if sources and sources != [left]:
+        fail(f"{where}: this rank received from rank(s) {sources}; in a ring it receives only from its left "
+             f"neighbour, rank {left}", "receive from (rank - 1) % n, the rank that sends to you")
+    if len(case["sends"]) != case["ring_messages"] or len(case["recvs"]) != case["ring_messages"]:
+        fail(f"{where}: this rank sent {len(case['sends'])} and received {len(case['recvs'])} non-empty "
+             f"message(s); the ring has {case['ring_messages']} steps, one message each way per step",
+             hints["steps"])
+
+
+def _check(rank_fn, fn, name: str, what: str, collective: str, cost: str, hints: dict, stand_in, backend,
+           world_size, timeout: float, pool):
     if not callable(fn):
         fail(f"{what}: expected a function, got {fn!r}", f"pass the function itself: check.{name}(my_fn)")
     if pool is not None and (backend is not None or world_size is not None):
         raise ValueError(f"check.{name}: pass either pool= or backend=/world_size=, not both. HINT: the "
                          "pool's ranks already have a backend and a world size.")
-    per_rank = run_ranks(rank_fn, fn, world_size=world_size, backend=backend,
+    n = pool.world_size if pool is not None else (MIN_RANKS if world_size is None else world_size)
+    if n < MIN_RANKS or (pool is not None and pool.backend != "gloo") or backend not in (None, "gloo"):
+        where = (f"a pool of {pool.world_size} {pool.backend!r} ranks" if pool is not None
+                 else f"{n} {backend or 'gloo'!r} ranks")
+        raise ValueError(f"check.{name} judges a ring on {MIN_RANKS} or more gloo ranks, not on {where}. HINT: "
+                         f"on 2 ranks sending the whole tensor to the other rank is a ring too; pass labutils."
+                         f"RankPool(world_size={MIN_RANKS}, backend='gloo'), or leave pool out.")
+    per_rank = run_ranks(rank_fn, fn, world_size=None if pool is not None else n, backend="gloo",
                          pool=pool, timeout_s=timeout, hint=hints["error"], hang_hint=DEADLOCK_HINT)
     if not per_rank[0]["attempted"]:
         say_not_attempted(f"your {what} (my_{name})", stand_in.labutils_standin)
@@ -145,34 +216,47 @@ def _check(rank_fn, fn, name: str, what: str, collective: str, hints: dict, stan
             if case["bad"]:
                 fail(f"{what}, case {case['case']}: on rank {r}, chunk(s) {case['bad']} differ from "
                      f"{collective}", hints["order"])
+    for r, res in enumerate(per_rank):   # the largest case first: its bytes are the clearest
+        for case in sorted(res["cases"], key=lambda c: -c["size_bytes"]):
+            _judge_ring(what, r, n, case, cost, hints)
     cases = ", ".join(c["case"] for c in per_rank[0]["cases"])
-    passed(f"{what} matches {collective} on every rank ({cases})")
+    big = max(per_rank[0]["cases"], key=lambda c: c["size_bytes"])
+    passed(f"{what} matches {collective} on every rank of {n} ({cases}), and it is a ring: each rank sent "
+           f"{big['ring_messages']} messages, all to its right neighbour, {sum(b for _, b in big['sends'])} B "
+           f"for S = {big['size_bytes']} B ({cost})")
     return fn
 
 
 def ring_all_gather(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
                     timeout: float = 30.0):
-    """Check ``fn(output, input)`` against ``dist.all_gather_into_tensor`` on every rank.
+    """Check ``fn(output, input)`` against ``dist.all_gather_into_tensor`` on every rank, and that it is a
+    ring (see the module docstring).
 
     Args:
-        pool: a ``labutils.RankPool`` to run on (a deadlock in ``fn`` restarts it); else fresh ranks
-            with ``backend`` and ``world_size`` (``labutils.launch``'s defaults).
+        pool: a ``labutils.RankPool`` of at least 3 gloo ranks to run on (a deadlock in ``fn`` restarts it);
+            else fresh gloo ranks, ``world_size`` of them (3 if not given; ``backend`` may only be "gloo").
 
     Returns:
         The function that passed: ``fn``, or torch's collective (the stand-in) if ``fn`` is a stub.
 
     Raises:
-        ExerciseError: wrong chunks, output never written, an error or a deadlock in ``fn``.
-        ValueError: ``pool`` together with ``backend`` or ``world_size``.
+        ExerciseError: wrong chunks, output never written, an error or a deadlock in ``fn``; not a ring
+            (a collective, a send to another rank than the right neighbour, more bytes or messages).
+        ValueError: ``pool`` together with ``backend`` or ``world_size``; fewer than 3 ranks, or not gloo.
     """
     hints = {"error": "call it like dist.all_gather_into_tensor(output, input); use only "
                       "isend/irecv/batch_isend_irecv",
              "untouched": "receive into views of output (output.view(n, -1)[k]), not into new "
                           "tensors, and copy your own input into chunk rank",
              "order": "chunk k must hold rank k's input. In step s = 0 .. n-2 rank r sends chunk "
-                      "(r - s) mod n to rank r + 1 and receives chunk (r - s - 1) mod n from rank r - 1"}
-    return _check(_all_gather_rank, fn, "ring_all_gather", "ring all-gather",
-                  "all_gather_into_tensor", hints, torch_all_gather, backend, world_size, timeout, pool)
+                      "(r - s) mod n to rank r + 1 and receives chunk (r - s - 1) mod n from rank r - 1",
+             "bytes": "a ring all-gather sends each chunk once per step, one chunk of S/n per step, so every "
+                      "rank sends (n-1)/n of S whatever n is. Send chunks[(r - s) % n] (a view, not the whole "
+                      "output) in step s",
+             "steps": "one batch per step, n - 1 steps: in step s one isend of chunk (r - s) mod n to the "
+                      "right and one irecv of chunk (r - s - 1) mod n from the left"}
+    return _check(_all_gather_rank, fn, "ring_all_gather", "ring all-gather", "all_gather_into_tensor",
+                  "(n-1)/n of S, the gathered output", hints, torch_all_gather, backend, world_size, timeout, pool)
 
 
 def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: int | None = None,
@@ -180,14 +264,16 @@ def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: in
     """Check ``fn(tensor)`` (in-place sum) against ``dist.all_reduce`` on every rank.
 
     Args:
-        pool: as in ``ring_all_gather``.
+        pool: as in ``ring_all_gather``: at least 3 gloo ranks.
 
     Returns:
         The function that passed: ``fn``, or torch's collective (the stand-in) if ``fn`` is a stub.
 
     Raises:
-        ExerciseError: wrong chunks, tensor unchanged, an error or a deadlock in ``fn``.
-        ValueError: ``pool`` together with ``backend`` or ``world_size``.
+        ExerciseError: wrong chunks, tensor unchanged, an error or a deadlock in ``fn``; not a ring (as in
+            ``ring_all_gather``). Sending the whole tensor to every peer and adding gives the right sum and
+            fails here: it sends (n-1) S per rank against the ring's 2 (n-1)/n S.
+        ValueError: as in ``ring_all_gather``.
     """
     hints = {"error": "call it like dist.all_reduce(tensor): sum in place; use only "
                       "isend/irecv/batch_isend_irecv",
@@ -196,6 +282,11 @@ def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: in
              "order": "reduce-scatter first: in step s rank r sends chunk (r - s) mod n and adds the "
                       "chunk (r - s - 1) mod n it receives; rank r then owns chunk (r + 1) mod n. "
                       "All-gather next: send chunk (r + 1 - s) mod n, receive chunk (r - s) mod n. "
-                      "Split with tensor.view(-1).tensor_split(n) so every rank agrees on sizes"}
-    return _check(_all_reduce_rank, fn, "ring_all_reduce", "ring all-reduce", "all_reduce", hints,
-                  torch_all_reduce, backend, world_size, timeout, pool)
+                      "Split with tensor.view(-1).tensor_split(n) so every rank agrees on sizes",
+             "bytes": "the whole tensor to every peer (or round the ring) costs (n-1) S per rank, while a "
+                      "ring sends one chunk of S/n per step, 2 (n-1) steps: 2 (n-1)/n S, less than 2 S for any "
+                      "n. Reduce-scatter chunks first, then all-gather the summed chunks",
+             "steps": "one batch per step: n - 1 reduce-scatter steps, then n - 1 all-gather steps, each "
+                      "one isend of a chunk to the right and one irecv from the left"}
+    return _check(_all_reduce_rank, fn, "ring_all_reduce", "ring all-reduce", "all_reduce",
+                  "2(n-1)/n of S, the tensor", hints, torch_all_reduce, backend, world_size, timeout, pool)

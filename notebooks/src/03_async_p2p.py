@@ -211,13 +211,15 @@ EXCHANGE_RUNS = (repro.start(EXCHANGE_SCRIPT, VARIANTS, env={"NCCL_DEBUG": "WARN
 # ### 1b · CPU tensors handed to NCCL
 # The ranks for the rest of the lab start here, once: `POOL` (NCCL with one GPU per rank, else gloo)
 # keeps its processes between cells, so an experiment costs milliseconds instead of a launch. `GLOO` is a
-# pair of CPU ranks for what only gloo can run. `torch.randn(1000, 1000)` lives on the CPU; NCCL moves
+# pair of CPU ranks for what only gloo can run, and `CHECKERS` three CPU ranks for the exercises' checkers
+# (section 4 says why three). `torch.randn(1000, 1000)` lives on the CPU; NCCL moves
 # CUDA tensors only. Here is what NCCL says (live with 2 GPUs, else as recorded on 2×H200):
 
 # %% tags=["nbval-ignore-output"]
-POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # both start side by side; the first
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # all start side by side; the first
 GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool(  # task waits for its pool
     world_size=2, backend="gloo", output="quiet", wait=False)
+CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the exercises' ranks
 SRC_NCCL = recorded.live_or_recorded("03_source_on_nccl",
                                      lambda: exchange.attempt(POOL.run, exchange.source_as_written), gpus_needed=2)
 claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data), SRC_NCCL)
@@ -274,11 +276,11 @@ print(f"your prediction: {my_prediction_gpu}")
 
 # %% [markdown]
 # Nothing of those runs is left behind, whether it completed, crashed or hung — and neither is a rank
-# of the aborted 3-rank launch in 1c (the two pools stay until the end of the lab):
+# of the aborted 3-rank launch in 1c (the lab's pools stay until its end):
 
 # %%
 print(f"processes still running the reproducer: {len(repro.leftover_processes(EXCHANGE_SCRIPT))}")
-POOL_PIDS = set(POOL.status().pids) | set(GLOO.status().pids)
+POOL_PIDS = {pid for pool in (POOL, GLOO, CHECKERS) for pid in pool.status().pids}
 print(f"labutils rank processes besides the pools: {len(procs.leftover_ranks(ignore=POOL_PIDS))}")
 
 # %% [markdown]
@@ -762,6 +764,13 @@ claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
 # Write `my_ring_all_gather(output, input)` with the contract of `dist.all_gather_into_tensor`, using only
 # `dist.isend`/`dist.irecv` or `dist.batch_isend_irecv` (the checker switches the collectives off while
 # your function runs). Section 1 tells you how to post each step's send and receive.
+#
+# The checker runs your function on **three** CPU ranks (`CHECKERS`), whatever this machine has: on two,
+# "send everything to the other rank" *is* a ring, so a wrong algorithm with the right numbers would pass.
+# Besides the result it reads a ledger of what each rank sent (`labutils.instruments.ledger.Ledger`, inside
+# the ranks: torch's `CommDebugMode` does not see point-to-point operations) and judges the ring itself:
+# only sends and receives, every send to rank `r + 1` and every receive from `r - 1`, one message per step,
+# and no more bytes per rank than the ring's `(n-1)/n` of the output.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_all_gather", "locked": false, "schema_version": 3, "solution": true}
 def my_ring_all_gather(output, input):
@@ -774,7 +783,7 @@ def my_ring_all_gather(output, input):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_ring_all_gather", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=GLOO)
+ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=CHECKERS)
 
 # %% [markdown]
 # Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered
@@ -840,7 +849,10 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # `(r + 1 - s) mod n`, receive chunk `(r - s) mod n`. Each rank sends `2 (n-1)/n` of the tensor:
 # nccl-tests' all_reduce bus factor.
 #
-# Write `my_ring_all_reduce(tensor)`: the contract of `dist.all_reduce(tensor)` (sum, in place).
+# Write `my_ring_all_reduce(tensor)`: the contract of `dist.all_reduce(tensor)` (sum, in place). The
+# checker judges it as it judged the all-gather, with the all-reduce's cost: `2 (n-1)` messages and
+# `2 (n-1)/n` of the tensor per rank. Sending the whole tensor to every peer and adding gives the same sum
+# and fails: it sends `(n-1)` tensors per rank, `n/2` times the ring's bytes, a gap that grows with the ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_ring_all_reduce(tensor):
@@ -853,7 +865,7 @@ def my_ring_all_reduce(tensor):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_ring_all_reduce", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=GLOO)
+ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=CHECKERS)
 
 # %% [markdown]
 # ## 6 · Summary: the source's claims, checked
@@ -883,5 +895,6 @@ claims.table(claims.judge(CLAIMS, SRC_NCCL, EXCHANGE, W, OV, ONE, RING))
 # %%
 if GLOO is not POOL:
     GLOO.close()
+CHECKERS.close()
 POOL.close()
 shutil.rmtree(SCRATCH, ignore_errors=True)
