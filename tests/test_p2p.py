@@ -379,8 +379,37 @@ def test_wait_blocks_the_host_on_gloo_and_races_are_real(gloo2):
     assert res[1]["send_race_fraction"] > 0
 
 
+def _serial_step(compute, transfer, side):  # waits before it computes: nothing in flight during compute
+    for w in transfer():
+        w.wait()
+    compute()
+
+
+def _never_waits(compute, transfer, side):
+    transfer()
+    compute()
+
+
+def _overlap_spans(rank, world_size, step):
+    """The notebook's all_reduce overlapped by ``step`` on gloo: (compute span, transfer span) of the last sample."""
+    x, a, b = torch.ones(1 << 14), torch.randn(64, 64), torch.randn(64, 64)
+    res = overlap.measure_overlap(lambda: torch.mm(a, b), lambda: [dist.all_reduce(x, async_op=True)], step,
+                                  warmup=0, repeat=2)
+    spans = {s["lane"]: s for s in res["spans"]}
+    return spans["overlapped: compute"], spans["overlapped: transfer"]
+
+
+def test_the_notebooks_step_computes_while_the_transfer_is_in_flight(gloo3):
+    for compute, transfer in gloo3.run(_overlap_spans, nb.overlapped_step):
+        assert transfer["end_ms"] >= compute["end_ms"]                 # waited for after computing
+    for compute, transfer in gloo3.run(_overlap_spans, _serial_step):   # the harness marks where the step waits
+        assert transfer["end_ms"] <= compute["end_ms"]                 # (compute's span starts with the step)
+    with pytest.raises(labutils.RankError, match=r"did not wait for the transfer.*HINT: works = transfer\(\)"):
+        gloo3.run(_overlap_spans, _never_waits)
+
+
 def test_overlap_experiment_code_path_on_gloo(gloo2):
-    data = gloo2.run(overlap.overlap_experiment, 1 << 16, 0, 2)[0]
+    data = gloo2.run(overlap.overlap_experiment, nb.overlapped_step, 1 << 16, 0, 2)[0]
     assert data["world_size"] == 2 and data["size_bytes"] == 1 << 16 and data["profiles"] == {}
     assert {(c["compute"], c["transfer"]) for c in data["cases"]} == {
         (c, t) for c in ("matmul", "memory-bound") for t in ("all_reduce (gloo)", "send/recv (gloo)")}

@@ -493,7 +493,7 @@ plots.bar_plot(labels, values, ylabel="ms", annotate="{:.3g}", title=f"wait() un
 # which E counts as hidden (TRUE) and which as partly hidden (PARTLY): the upper threshold leaves room for
 # the few percent a sample varies; the lower one separates a real gain from none.
 #
-# `overlap.overlap_experiment` moves 256 MiB (float32) against two kinds of compute — a bf16 matmul that
+# The experiment moves 256 MiB (float32) against two kinds of compute — a bf16 matmul that
 # keeps every SM busy, and a memory-bound `x *= 1` over 256 MiB — each repeated `k` times, `k` picked from
 # one kernel's and one transfer's time so that compute alone comes close to the transfer alone (the table
 # prints both; E divides by the shorter). The transfers:
@@ -503,14 +503,42 @@ plots.bar_plot(labels, values, ylabel="ms", annotate="{:.3g}", title=f"wait() un
 #   issues, called directly (through ctypes), on every rank.
 #
 # Times are CUDA events on the streams that do the work, medians of 10 samples of the slowest rank.
+#
+# **The overlapped step** is the code below: the whole of what "while the data moves, the GPU can keep
+# computing" asks you to write. `transfer()` issues the transfer (`async_op=True`, or a copy) and returns
+# its works; `compute()` queues the compute on the current stream. On GPUs the step puts the transfer on a
+# side stream, so that waiting for it holds up that stream and not the compute, and makes the current
+# stream wait for the side stream only at the end, where the data is needed. Under gloo there are no
+# streams: `wait()` blocks the host, so the step simply waits after computing. `overlap.overlap_experiment`
+# is the harness around it: it picks `k`, times compute alone, the transfer alone and the two back to back,
+# then runs this step, with marks where the step puts each part (the transfer it hands the step marks its
+# start and, at the last `wait()`, its end on the stream that waits; `compute` marks its own end).
+
+# %%
+def overlapped_step(compute, transfer, side):
+    """Start the transfer, compute while it is in flight, then wait for it. side: a CUDA stream, or None."""
+    if side is None:                   # CPU (gloo): the transfer progresses in gloo's own threads
+        works = transfer()
+        compute()                      # the host computes meanwhile
+        for w in works:
+            w.wait()                   # blocks the host until the transfer is done
+        return
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)             # the transfer starts after what was issued before it
+    with torch.cuda.stream(side):
+        for w in transfer():           # NCCL's kernel, or a copy queued on `side`
+            w.wait()                   # `side` waits for NCCL's stream; the host goes on at once
+    compute()                          # queued on the current stream while the transfer runs
+    main.wait_stream(side)             # from here on, the current stream also waits for the transfer
+
 
 # %%
 my_prediction_efficiency = None   # ✍ E for matmul + NCCL all_reduce, a number between -1 and 1
 my_prediction_copy_efficiency = None   # ✍ E for matmul + peer copy_ on every rank (copy engines, no SMs)
 
 # %% tags=["nbval-ignore-output"]
-OV = recorded.live_or_recorded("03_overlap", lambda: POOL.run(overlap.overlap_experiment, OVERLAP_BYTES)[0],
-                               gpus_needed=2)
+OV = recorded.live_or_recorded("03_overlap", lambda: POOL.run(overlap.overlap_experiment, overlapped_step,
+                                                              OVERLAP_BYTES)[0], gpus_needed=2)
 cases = {f"{c['compute']} + {c['transfer']}": c for c in OV.data["cases"]}
 print(f"transfer: {bandwidth.format_size(OV.data['size_bytes'])} on {OV.data['world_size']} ranks ({OV.label})")
 display(pd.DataFrame.from_dict({name: {"k": c["k"], "compute (ms)": c["compute_ms"], "transfer (ms)": c["comm_ms"],
