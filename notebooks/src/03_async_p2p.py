@@ -609,10 +609,12 @@ widgets.interact(show_case, case=widgets.Dropdown(
 #   them can only gain what the memory system has to spare: a small E is what that competition looks like.
 # * **copy engine + compute.** A copy engine needs no SMs, so a copy has nothing to share with a matmul
 #   but memory bandwidth, of which a matmul uses little; the `rank 0 only` and `cudaMemcpyAsync` verdicts test
-#   that. Its bytes still cross HBM — it reads this GPU's memory and writes the other GPU's — so next to
-#   a memory-bound kernel it competes like NCCL does, and more when both ranks copy (each GPU then also
-#   takes in the other's copy): the memory-bound rows of the table, one rank copying against both, show
-#   how much.
+#   that. Its bytes still cross HBM — it reads this GPU's memory and writes the other GPU's — but only at the
+#   rate the link between the GPUs carries them, a fraction of what HBM gives a kernel, and it takes no SM from
+#   the memory-bound kernel. An NCCL transfer takes both: SMs for its blocks, and HBM for every byte it moves
+#   through its own buffers. Whether that makes the difference is the verdict that puts every copy-engine case
+#   next to a memory-bound kernel against every NCCL case there (on the rank-0-only row, the other GPU takes in
+#   no copy: compare it with the rows where both ranks copy to see what the second direction costs).
 #
 # That leaves `copy_` on every rank behind a matmul: where it hides less than the bare `cudaMemcpyAsync` on
 # every rank, the difference is what `copy_` does around the copy. Which engine ran the copy, and which
@@ -814,12 +816,19 @@ def my_ring_all_gather(output, input):
 ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=CHECKERS)
 
 # %% [markdown]
-# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered
-# (nccl-tests method: warm-ups, 10 back-to-back calls per sample, median of 5, slowest rank) — and against the
-# same all-gather *without* NCCL (far slower, so one call per sample, median of 3): each rank copies its GPU
-# data to host memory, gloo gathers it over TCP, and the result is copied back to the GPU. That is what moving
-# GPU data between processes costs without a library made for GPUs: the comparison behind the source's tip 4.2,
-# "use an efficient library such as NCCL".
+# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered,
+# and against the same all-gather *without* NCCL: each rank copies its GPU data to host memory, gloo gathers
+# it over TCP, and the result is copied back to the GPU. That is what moving GPU data between processes costs
+# without a library made for GPUs: the comparison behind the source's tip 4.2, "use an efficient library such
+# as NCCL".
+#
+# **How it is timed** (`timing.benchmark_collective`), and how that differs from nccl-tests. Both warm up, then
+# time calls issued back to back and divide by their number. nccl-tests (`src/common.cu`) reads a host clock
+# around its 20 calls, after synchronizing the stream, once per size, and by default reports the *average over
+# the ranks* (`-a 1`; `-a 3` reports the maximum). Here each sample of 10 calls is bracketed by CUDA events on
+# the current stream, after a barrier; the sample is the *slowest rank's* (what `-a 3` reports: a collective
+# is done when its last rank is), and the figure is the median of 5 samples. The host path is far slower:
+# one call per sample, median of 3.
 
 # %%
 my_prediction_ring_busbw = None   # ✍ GB/s bus bandwidth of your ring at 256 MiB on 2×H200
@@ -864,8 +873,10 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # the transfer itself, and what is left is the same data movement over the same NCCL connections: with 2
 # ranks the ring is one send/recv step each way, which is what NCCL's ring all-gather moves too. That
 # common limit — how fast NCCL's kernels move data over this link — is what the second verdict calls
-# "bound by the links"; lab 02 compares it with the link's own rate. The first two verdicts check both
-# ends, with thresholds stated in the rule.
+# "bound by the links"; lab 02 compares it with the link's own rate. The first two verdicts judge each end
+# on every size in it: "small" up to 4 MiB gathered, "large" from 64 MiB, limits fixed in the lab's code
+# before any measurement. 16 MiB, between them, is left to the table: where the cross-over falls depends on
+# the machine, and neither claim says.
 
 # %% [markdown]
 # ## 5 · Exercise 2: a ring all-reduce
