@@ -610,3 +610,85 @@ def test_checker_wants_a_function_one_way_to_run_and_three_gloo_ranks(gloo2):
         with pytest.raises(ValueError, match=r"judges a ring on 3 or more gloo ranks.*HINT: on 2 ranks sending the "
                                              r"whole tensor"):
             check.ring_all_reduce(_my_ring_all_reduce, **bad)
+
+
+# ---- the overlap exercise: a pipelined all-reduce --------------------------------------------------------------
+def _pipelined(chunks, produce):  # a learner's correct answer
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for w in reversed(works):     # any order, once everything is produced
+        w.wait()
+
+
+def _blocking(chunks, produce):
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        dist.all_reduce(chunk)
+
+
+def _waits_at_once(chunks, produce):
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        dist.all_reduce(chunk, async_op=True).wait()
+
+
+def _starts_after_everything(chunks, produce):
+    for i in range(len(chunks)):
+        produce(i)
+    for w in [dist.all_reduce(chunk, async_op=True) for chunk in chunks]:
+        w.wait()
+
+
+def _never_waits_for_the_last(chunks, produce):
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for w in works[:-1]:
+        w.wait()
+    works[-1].is_completed()  # looked at, never waited for
+    dist.barrier()
+
+
+def _one_call_for_everything(chunks, produce):
+    for i in range(len(chunks)):
+        produce(i)
+    flat = torch.cat([c.reshape(-1) for c in chunks])
+    dist.all_reduce(flat, async_op=True).wait()
+    for c, part in zip(chunks, flat.split([c.numel() for c in chunks])):
+        c.copy_(part.view_as(c))
+
+
+def test_pipelined_all_reduce_three_states(capsys, checkers):
+    assert check.pipelined_all_reduce(_pipelined, pool=checkers) is None
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ pipelined all-reduce: every chunk summed on every rank of {checkers.world_size} "
+                          "(4 chunk(s), 1 chunk(s)); each chunk's all_reduce started right after it was produced")
+    check.pipelined_all_reduce(solution.pipelined_all_reduce, pool=checkers)
+    assert check.pipelined_all_reduce(_stub, pool=checkers) is None
+    out, err = capsys.readouterr()
+    assert out.startswith("✓ pipelined") and "not attempted: your pipelined all-reduce" in err and "solutions" not in err
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (_blocking, r"rank 0: an all_reduce was called without async_op=True. HINT: a blocking all_reduce returns only"),
+    (_waits_at_once, r"the work of chunk\(s\) \[0, 1, 2\] was waited for before the last chunk was produced\. "
+                     r"HINT: wait only once every chunk is produced"),
+    (_starts_after_everything, r"chunk 0's all_reduce started only after produce\(1\)\. HINT: start it right after "
+                               r"produce\(0\)"),
+    (_never_waits_for_the_last, r"4 chunk\(s\), rank 0: the work of chunk\(s\) \[3\] was never waited for"),
+    (_one_call_for_everything, r"it all-reduced 1 tensor\(s\) of \[5192\] B; the chunks are \[4000, 148, 1024, 20\] B\. "
+                               r"HINT: all-reduce each chunk itself, in place"),
+])
+def test_pipelined_all_reduce_rejects_wrong_answers(fn, pattern, checkers):
+    with pytest.raises(ExerciseError, match=pattern):
+        check.pipelined_all_reduce(fn, pool=checkers)
+
+
+def test_pipelined_all_reduce_wants_three_gloo_ranks(gloo2):
+    with pytest.raises(ValueError, match=r"3 or more gloo ranks.*HINT"):
+        check.pipelined_all_reduce(_pipelined, pool=gloo2)
+    with pytest.raises(ExerciseError, match="expected a function"):
+        check.pipelined_all_reduce("my_fn")

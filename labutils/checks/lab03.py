@@ -290,3 +290,156 @@ def ring_all_reduce(fn, *, pool=None, backend: str | None = None, world_size: in
                       "one isend of a chunk to the right and one irecv from the left"}
     return _check(_all_reduce_rank, fn, "ring_all_reduce", "ring all-reduce", "all_reduce",
                   "2(n-1)/n of S, the tensor", hints, torch_all_reduce, backend, world_size, timeout, pool)
+
+
+# ---- the overlap exercise: each chunk's all-reduce in flight while the next chunk is produced ------------------
+_PIPE_CASES = (((1000,), (37,), (64, 4), (5,)), ((300,),))   # chunk shapes, float32; one case of a single chunk
+
+
+def _pipe_value(shape, i: int, rank: int):
+    """What produce(i) writes on ``rank``: distinct per chunk and rank, exact in float32."""
+    import torch
+    return (torch.arange(math.prod(shape), dtype=torch.float32) + 100 * (i + 1) + 1000 * rank).reshape(shape)
+
+
+class _TrackedWork:
+    """An async all_reduce's work that notes when it is waited for."""
+
+    def __init__(self, work, index: int, events: list):
+        self.work, self.index, self.events = work, index, events
+
+    def wait(self, *args, **kwargs):
+        self.events.append(["wait", self.index])
+        return self.work.wait(*args, **kwargs)
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+def _pipelined_rank(rank: int, world_size: int, fn) -> dict:
+    import torch
+    import torch.distributed as dist
+    from ..instruments.ledger import Ledger
+    cases = []
+    for c, shapes in enumerate(_PIPE_CASES):
+        chunks = [torch.full(shape, -1.0) for shape in shapes]
+        ptrs = [t.data_ptr() for t in chunks]
+        events: list = []
+        real = dist.all_reduce
+
+        def all_reduce(tensor, *args, async_op=False, **kwargs):
+            index = ptrs.index(tensor.data_ptr()) if tensor.data_ptr() in ptrs else -1
+            events.append(["issue", index, bool(async_op)])
+            work = real(tensor, *args, async_op=async_op, **kwargs)
+            return _TrackedWork(work, index, events) if work is not None else None
+
+        def produce(i: int) -> None:
+            events.append(["produce", int(i)])
+            chunks[i].copy_(_pipe_value(shapes[i], i, rank))
+
+        dist.all_reduce = all_reduce
+        try:
+            with Ledger() as ledger:
+                fn(chunks, produce)
+        except NotImplementedError:
+            if c:
+                raise
+            return {"attempted": False, "cases": []}
+        finally:
+            dist.all_reduce = real
+        expected = [sum(_pipe_value(s, i, r) for r in range(world_size)) for i, s in enumerate(shapes)]
+        cases.append({"case": f"{len(shapes)} chunk(s)", "events": events,
+                      "wrong": [i for i, (t, e) in enumerate(zip(chunks, expected)) if not torch.equal(t, e)],
+                      "ops": ledger.counts(), "sizes": [r.size_bytes for r in ledger.records if r.op == "all_reduce"],
+                      "chunk_bytes": [t.numel() * t.element_size() for t in chunks]})
+    return {"attempted": True, "cases": cases}
+
+
+def _judge_pipeline(r: int, case: dict) -> None:
+    where = f"pipelined all-reduce, {case['case']}, rank {r}"
+    n = len(case["chunk_bytes"])
+    events = case["events"]
+    produced = [e[1] for e in events if e[0] == "produce"]
+    if produced != list(range(n)):
+        fail(f"{where}: produce was called for chunks {produced}", f"call produce(i) once for each i = 0 .. {n - 1}, "
+             "in order: chunk i exists only once produce(i) has run")
+    others = {op: k for op, k in case["ops"].items() if op != "all_reduce"}
+    if others:
+        fail(f"{where}: your function issued {others}", "one dist.all_reduce per chunk, nothing else")
+    if sorted(case["sizes"]) != sorted(case["chunk_bytes"]) or any(e[0] == "issue" and e[1] < 0 for e in events):
+        fail(f"{where}: it all-reduced {len(case['sizes'])} tensor(s) of {case['sizes']} B; the chunks are "
+             f"{case['chunk_bytes']} B", "all-reduce each chunk itself, in place (dist.all_reduce(chunks[i], "
+             "async_op=True)): one call per chunk, not a copy and not one call for everything")
+    if any(e[0] == "issue" and not e[2] for e in events):
+        fail(f"{where}: an all_reduce was called without async_op=True", "a blocking all_reduce returns only when "
+             "the data has arrived, so nothing can be produced meanwhile: pass async_op=True and keep the work")
+    at = {("produce", e[1]): k for k, e in enumerate(events) if e[0] == "produce"}
+    issued = {e[1]: k for k, e in enumerate(events) if e[0] == "issue"}
+    if sorted(issued) != list(range(n)) or len(case["sizes"]) != n:
+        fail(f"{where}: all-reduced chunk(s) {[e[1] for e in events if e[0] == 'issue']}", f"all-reduce each of the "
+             f"{n} chunks exactly once")
+    last = at[("produce", n - 1)]
+    for i in range(n):
+        if issued[i] < at[("produce", i)]:
+            fail(f"{where}: chunk {i}'s all_reduce started before produce({i}) wrote it", "start it after produce(i)")
+        if i + 1 < n and issued[i] > at[("produce", i + 1)]:
+            fail(f"{where}: chunk {i}'s all_reduce started only after produce({i + 1})", f"start it right after "
+                 f"produce({i}), so that it is in flight while chunk {i + 1} is produced: a transfer started late "
+                 "has less to hide behind, and one started after the last chunk has nothing")
+    waits = [k for k, e in enumerate(events) if e[0] == "wait"]
+    waited = {events[k][1] for k in waits}
+    if waited != set(range(n)):
+        fail(f"{where}: the work of chunk(s) {sorted(set(range(n)) - waited)} was never waited for", "call wait() "
+             "on every work before returning: until then the chunk may not hold the sum yet (under NCCL the next "
+             "kernel on the stream would not wait for it)")
+    early = sorted({events[k][1] for k in waits if k < last})
+    if early:
+        fail(f"{where}: the work of chunk(s) {early} was waited for before the last chunk was produced",
+             "wait only once every chunk is produced: on gloo wait() blocks the host, so what comes after it "
+             "(the next produce) no longer overlaps the transfer. Keep the works in a list and wait for them at the end")
+    if case["wrong"]:
+        fail(f"{where}: chunk(s) {case['wrong']} do not hold the sum over the ranks", "all-reduce (sum) each chunk "
+             "after it is produced, and wait before returning")
+
+
+def pipelined_all_reduce(fn, *, pool=None, world_size: int | None = None, timeout: float = 30.0):
+    """Check ``fn(chunks, produce)``: every chunk summed over the ranks, each chunk's all_reduce started with
+    ``async_op=True`` right after ``produce(i)`` wrote it and before ``produce(i + 1)``, and every work waited
+    for only after the last chunk was produced -- so that each transfer is in flight while the next chunk is
+    being produced. Judged on at least 3 gloo ranks from an event log (``dist.all_reduce`` wrapped while ``fn``
+    runs: when each call is issued and each work waited for) and the ledger (one all_reduce per chunk, of
+    that chunk's size, nothing else).
+
+    Returns:
+        None (no later cell needs the function).
+
+    Raises:
+        ExerciseError: a wrong sum, a blocking or late all_reduce, a wait before the last chunk, a work never
+            waited for, a copy or a single all_reduce of everything, an error or a deadlock in ``fn``.
+        ValueError: ``pool`` together with ``world_size``; fewer than 3 ranks, or not gloo.
+    """
+    if not callable(fn):
+        fail(f"pipelined all-reduce: expected a function, got {fn!r}",
+             "pass the function itself: check.pipelined_all_reduce(my_fn)")
+    if pool is not None and world_size is not None:
+        raise ValueError("check.pipelined_all_reduce: pass either pool= or world_size=, not both. HINT: the pool's "
+                         "ranks already have a world size.")
+    n = pool.world_size if pool is not None else (MIN_RANKS if world_size is None else world_size)
+    if n < MIN_RANKS or (pool is not None and pool.backend != "gloo"):
+        raise ValueError(f"check.pipelined_all_reduce runs on {MIN_RANKS} or more gloo ranks, not on {n} "
+                         f"{pool.backend if pool is not None else 'gloo'!r} ranks. HINT: pass labutils.RankPool("
+                         f"world_size={MIN_RANKS}, backend='gloo'), or leave pool out.")
+    per_rank = run_ranks(_pipelined_rank, fn, world_size=None if pool is not None else n, backend="gloo",
+                         pool=pool, timeout_s=timeout, hint="call it like fn(chunks, produce); in it, produce(i) "
+                         "then dist.all_reduce(chunks[i], async_op=True) for each i, then wait for every work",
+                         hang_hint="every rank must all-reduce the same chunks in the same order")
+    if not per_rank[0]["attempted"]:
+        say_not_attempted("your pipelined all-reduce (my_pipelined_all_reduce)")
+        return None
+    for r, res in enumerate(per_rank):
+        for case in res["cases"]:
+            _judge_pipeline(r, case)
+    cases = ", ".join(c["case"] for c in per_rank[0]["cases"])
+    passed(f"pipelined all-reduce: every chunk summed on every rank of {n} ({cases}); each chunk's all_reduce "
+           "started right after it was produced, all of them waited for after the last one")
+    return None

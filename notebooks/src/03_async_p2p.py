@@ -13,18 +13,20 @@
 # 2. write the three correct exchanges (ordered send/recv, `batch_isend_irecv`, `all_gather_into_tensor`)
 #    and verify them bit for bit on every rank, on gloo and NCCL;
 # 3. know what `req.wait()` guarantees on CUDA (stream order, not the host);
-# 4. measure how much communication hides behind compute — NCCL kernels and copy-engine copies — and read
-#    from a profiler trace which engine a copy between GPUs runs on and what `copy_` makes it wait for; on one
-#    GPU, hide host <-> GPU copies on a side stream behind a matmul, and cause and fix the race a missing
-#    `wait_stream` leaves;
-# 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked against
-#    torch's collectives, and time the ring against NCCL and against no GPU library at all.
+# 4. run an overlapped step (the transfer on a side stream, compute, then wait) and measure how much
+#    communication hides behind compute — NCCL kernels and copy-engine copies; read from a profiler trace which
+#    engine a copy between GPUs runs on and what `copy_` makes it wait for; write a pipeline that keeps each
+#    chunk's all-reduce in flight while the next chunk is produced; on one GPU, hide host <-> GPU copies on a
+#    side stream behind a matmul, and cause and fix the race a missing `wait_stream` leaves;
+# 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked on three ranks
+#    against torch's collectives and against the ring's own messages and bytes, and time the ring against
+#    NCCL and against no GPU library at all.
 #
 # **GPUs:** 2 for the live path (NCCL); 1 for section 3b (streams and copies on one GPU). With fewer, every
 # correctness cell runs on gloo (CPU tensors) and every measurement that needs more GPUs than the machine has is
 # the recording made by this notebook's own code, labelled **RECORDED**.
 #
-# **Time:** 70 min of study (two exercises, six predictions); about 20 s to run on 2×H200, about 7 s on a
+# **Time:** 85 min of study (three exercises, six predictions); about 20 s to run on 2×H200, about 10 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
@@ -661,6 +663,29 @@ if not PROFILES:
 # and the compute do not compete for SMs, memory bandwidth — or, with copies, for the streams they wait on.
 
 # %% [markdown]
+# ### 3a · Exercise 1: keep a transfer in flight while the next piece is computed
+# In training, the data to send is not ready all at once: backward produces the gradients layer by layer, and
+# data parallelism all-reduces each one. Write `my_pipelined_all_reduce(chunks, produce)`: `produce(i)` writes
+# chunk `i` (call it for `i = 0, 1, …` in order); afterwards every chunk must hold its sum over the ranks, as
+# `dist.all_reduce` leaves it. Arrange it so that each chunk's all-reduce is **in flight while the next chunk is
+# produced**: start it as soon as its chunk exists, without waiting, and wait only where the data is needed —
+# once the last chunk is produced. The checker runs your function on `CHECKERS`' three CPU ranks, with a log of
+# when each `all_reduce` is issued and each work waited for, and a ledger of what was sent; it judges the order
+# as well as the sums.
+
+# %% nbgrader={"grade": false, "grade_id": "pipelined_all_reduce", "locked": false, "schema_version": 3, "solution": true}
+def my_pipelined_all_reduce(chunks, produce):
+    """Sum every chunk over the ranks, in place; each chunk's all-reduce in flight while the next is produced."""
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab03 as solution  # the instructor's edition runs the reference answer
+    solution.pipelined_all_reduce(chunks, produce)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_pipelined_all_reduce", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+check.pipelined_all_reduce(my_pipelined_all_reduce, pool=CHECKERS)
+
+# %% [markdown]
 # ### 3b · One GPU: copies beside a matmul, and a missing `wait_stream`
 # Overlap needs no second GPU. A GPU has **copy engines**: DMA units that move data between host memory and
 # the GPU while the SMs compute. `gpu_tensor.copy_(host_tensor, non_blocking=True)` from **pinned** (page-locked)
@@ -784,7 +809,7 @@ claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
 # orders them, and the one `wait_stream` puts it right whether the side stream was busy or not.
 
 # %% [markdown]
-# ## 4 · Exercise 1: a ring all-gather from isend/irecv
+# ## 4 · Exercise 2: a ring all-gather from isend/irecv
 # Ring all-gather on `n` ranks: rank `r` copies its input into chunk `r` of the output; then in step
 # `s = 0 … n-2` it sends chunk `(r - s) mod n` to rank `r + 1` and receives chunk `(r - s - 1) mod n`
 # from rank `r - 1`. After `n - 1` steps every chunk has gone round the ring; each rank has sent
@@ -879,7 +904,7 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # the machine, and neither claim says.
 
 # %% [markdown]
-# ## 5 · Exercise 2: a ring all-reduce
+# ## 5 · Exercise 3: a ring all-reduce
 # All-reduce = reduce-scatter + all-gather (Patarasuk & Yuan, 2009). Split the flat tensor into `n`
 # chunks with `tensor.view(-1).tensor_split(n)` (every rank gets the same sizes, even when `n` does not
 # divide the size). **Reduce-scatter**, step `s = 0 … n-2`: send chunk `(r - s) mod n` to the right,
