@@ -20,15 +20,12 @@ there; ``compute`` marks its end.
 
 The transfers: NCCL all_reduce and send/recv (kernels on the SMs), and a copy into a buffer on the next
 GPU done by the copy engines -- with ``Tensor.copy_`` on every rank, with ``copy_`` on rank 0 only, and as a
-bare ``cudaMemcpyAsync`` (``cuda_memcpy_async``, through ctypes) without the two-way stream barrier that
-``copy_`` adds between the devices (aten/src/ATen/native/cuda/Copy.cu). ``profile_transfer`` records with
-``torch.profiler`` which engine ran a copy and which CUDA runtime calls it made.
+bare ``cudaMemcpyAsync`` (``copies.cuda_memcpy_async``, through ctypes) without the two-way stream barrier
+that ``copy_`` adds between the devices (aten/src/ATen/native/cuda/Copy.cu). ``copies.profile_transfer``
+records with ``torch.profiler`` which engine ran a copy and which CUDA runtime calls it made.
 """
 from __future__ import annotations
 
-import collections
-import ctypes
-import functools
 import statistics
 from typing import Callable
 
@@ -36,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from ... import timing
-from ...instruments import profiler
 from ...config import rank_device
+from .copies import cuda_memcpy_async, profile_transfer, wait_all
 
 MAX_REPEATS = 64  # cap on k, the compute kernel's repeats (tiny CPU kernels would ask for thousands)
 
@@ -61,11 +58,6 @@ def describe_efficiency(e: float) -> str:
     if e >= 0.1:
         return "partly hidden"
     return "no overlap" if e > -0.1 else "slower than back to back"
-
-
-def _wait(works) -> None:
-    for w in works or []:
-        w.wait()
 
 
 class _Waited:
@@ -115,13 +107,13 @@ def _sample(mode: str, compute, transfer, clock: timing.Clock, side, step) -> di
         b = clock.mark()
         return {"compute": (a, b), "total": (a, b)}
     if mode == "comm":
-        _wait(transfer())
+        wait_all(transfer())
         b = clock.mark()
         return {"comm": (a, b), "total": (a, b)}
     if mode == "serial":
         compute()
         b = clock.mark()
-        _wait(transfer())
+        wait_all(transfer())
         c = clock.mark()
         return {"compute": (a, b), "comm": (b, c), "total": (a, c)}
     seen, ends = _Transfer(transfer, clock), []   # overlapped: the notebook's step
@@ -197,74 +189,6 @@ def _kernels(dev: torch.device) -> dict:
 PEER_COPY = "peer copy_, both ranks"
 PEER_COPY_ONE = "peer copy_, rank 0 only"
 PEER_MEMCPY = "peer cudaMemcpyAsync, both ranks (no barrier)"
-_RUNTIME_CALLS = ("cudaMemcpyAsync", "cudaMemcpyPeerAsync", "cudaEventRecord", "cudaStreamWaitEvent",
-                  "cudaLaunchKernel")
-
-
-@functools.lru_cache(maxsize=1)
-def _cudart():
-    """The CUDA runtime library torch already loaded (its file from /proc/self/maps, else by soname)."""
-    import torch
-    names = []
-    try:
-        with open("/proc/self/maps") as f:
-            names = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln.split()[-1]})
-    except OSError:
-        pass
-    names.append(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
-        raise RuntimeError(f"cannot load the CUDA runtime (tried {names}). HINT: this needs torch built for CUDA.")
-    lib.cudaMemcpyAsync.restype = ctypes.c_int
-    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    return lib
-
-
-def cuda_memcpy_async(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, current stream)``: the copy ``Tensor.copy_``
-    issues between two GPUs, without the events ``copy_`` records and waits for on both devices' current
-    streams. Both tensors contiguous, same size.
-
-    Raises:
-        ValueError: tensors not contiguous or of different sizes.
-        RuntimeError: the CUDA call failed.
-    """
-    nbytes = src.numel() * src.element_size()
-    if not (dst.is_contiguous() and src.is_contiguous()) or dst.numel() * dst.element_size() != nbytes:
-        raise ValueError("cuda_memcpy_async needs two contiguous tensors of the same size in bytes.")
-    rc = _cudart().cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, 4,  # 4 = cudaMemcpyDefault
-                                   torch.cuda.current_stream().cuda_stream)
-    if rc != 0:
-        raise RuntimeError(f"cudaMemcpyAsync returned CUDA error {rc}.")
-
-
-def profile_transfer(transfer: Callable[[], list]) -> dict:
-    """Run ``transfer`` once under ``torch.profiler`` (after one untimed call) and say what ran.
-
-    Returns:
-        ``{"gpu": [{"name", "engine", "device", "dur_us"}], "runtime": {call: count}}``: every GPU activity
-        (``engine`` "copy engine" for a ``Memcpy ...``, "SMs" for a kernel) and the CUDA runtime calls the
-        host made (``cudaEventRecordWithFlags`` counted as ``cudaEventRecord``).
-    """
-    _wait(transfer())
-    torch.cuda.synchronize()
-    doc = profiler.profile(lambda: _wait(transfer()), cpu=True)   # synchronised before the profile ends
-    gpu = [{"name": k["name"], "engine": "SMs" if k["kind"] in ("nccl", "compute") else "copy engine",
-            "device": k["device"], "dur_us": k["dur"]} for k in profiler.kernels(doc, copies=True)]
-    runtime = collections.Counter()
-    for e in profiler.events(doc):
-        if e.get("ph") == "X" and not str(e.get("cat", "")).startswith(("kernel", "gpu_")):  # host-side
-            call = "cudaEventRecord" if e["name"].startswith("cudaEventRecord") else e["name"]
-            if call in _RUNTIME_CALLS:
-                runtime[call] += 1
-    return {"gpu": gpu, "runtime": dict(sorted(runtime.items()))}
-
-
 def _transfers(rank: int, world_size: int, dev: torch.device, numel: int) -> dict:
     """Transfers of ``numel`` float32: NCCL all_reduce, a ring send/recv pair, and (GPUs only) a copy into a
     buffer on the next GPU by the copy engines: ``copy_`` on every rank, ``copy_`` on rank 0 only (the other
@@ -321,7 +245,7 @@ def overlap_experiment(rank: int, world_size: int, step: Callable, size_bytes: i
                 a = clock.mark()
                 kernel()
                 b = clock.mark()
-                _wait(transfer())
+                wait_all(transfer())
                 c = clock.mark()
                 clock.synchronize()
                 times.append((clock.elapsed_ms(a, b), clock.elapsed_ms(b, c)))
