@@ -26,7 +26,7 @@
 # correctness cell runs on gloo (CPU tensors) and every measurement that needs more GPUs than the machine has is
 # the recording made by this notebook's own code, labelled **RECORDED**.
 #
-# **Time:** 85 min of study (three exercises, six predictions); about 20 s to run on 2×H200, about 10 s on a
+# **Time:** 85 min of study (three exercises, six predictions); about 20 s to run on 2×H200, about 12 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
