@@ -1,4 +1,5 @@
-"""Checkers for lab 03: a ring all-gather and a ring all-reduce written with point-to-point ops.
+"""Checkers for lab 03: a pipelined all-reduce (each chunk's transfer in flight while the next chunk is
+produced), and a ring all-gather and a ring all-reduce written with point-to-point ops.
 
     CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)
     ring_fn = check.ring_all_gather(my_ring_all_gather, pool=CHECKERS)   # prints ✓ ... or raises
@@ -15,7 +16,12 @@ point-to-point operations; every send to the right neighbour (rank + 1), every r
 on the wire per rank than the ring's own cost -- (n-1)/n of the gathered output for an all-gather,
 2 (n-1)/n of the tensor for an all-reduce (nccl-tests' bus factors), rounded up to whole chunks where n does
 not divide the size. "Everything to everyone" gets the right numbers and fails on the bytes (an
-all-reduce) or on the peers (an all-gather), with a HINT that says what it costs. A stub that raises ``NotImplementedError``
+all-reduce) or on the peers (an all-gather), with a HINT that says what it costs.
+
+``pipelined_all_reduce`` judges the order of what ``fn(chunks, produce)`` issues, from a log of when each
+``dist.all_reduce`` is called and each work waited for (``dist.all_reduce`` is wrapped while ``fn`` runs) and
+from the ledger: one ``async_op=True`` all-reduce per chunk, started after ``produce(i)`` and before
+``produce(i + 1)``, every work waited for after the last chunk -- and the sums. A stub that raises ``NotImplementedError``
 counts as "not attempted": nothing is checked, and the checker returns torch's own collective as the
 stand-in the rest of the notebook uses (``torch_all_gather``, ``torch_all_reduce``), so the notebook goes
 on. Each checker returns the function to use from here on: yours once it passes, else the stand-in.
