@@ -53,6 +53,14 @@ DEADLOCKING_RING = '''def my_ring_all_gather(output, input):
         dist.recv(chunks[(rank - s - 1) % n], src=(rank - 1) % n)
         dist.send(chunks[(rank - s) % n], dst=(rank + 1) % n)
 '''
+PIPELINED = '''def my_pipelined_all_reduce(chunks, produce):
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for w in works:
+        w.wait()
+'''
 CALLS_THE_ANSWER = '''def my_ring_all_gather(output, input):
     from labutils.solutions import lab03
     lab03.ring_all_gather(output, input)
@@ -78,8 +86,8 @@ def test_release_writes_instructor_and_student_editions(course):
     nb = nbformat.read(student / "notebooks" / "03_async_p2p.ipynb", 4)
     answers = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
     tests = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert len(answers) == 2 and all("raise NotImplementedError()" in c.source for c in answers)
-    assert [c.metadata.nbgrader["points"] for c in tests] == [3, 3]
+    assert len(answers) == 3 and all("raise NotImplementedError()" in c.source for c in answers)
+    assert [c.metadata.nbgrader["points"] for c in tests] == [2, 3, 3]
     assert (student / "labutils" / "checks" / "lab03.py").exists()
     assert not (student / "labutils" / "solutions").exists()
     assert (student / "notebooks" / "recorded").is_dir()
@@ -103,14 +111,15 @@ def test_student_edition_holds_no_solution_text(course):
 
 
 def test_a_class_is_graded(course, tmp_path):
-    """solved: 6/6; untouched: 0/6, "not attempted" (the notebook ran to its end on the stand-ins, with
+    """solved: 8/8; untouched: 0/8, "not attempted" (the notebook ran to its end on the stand-ins, with
     labutils.solutions unimportable, as in a student's environment); deadlock: the ring all-gather scores 0
     with the deadlock HINT; a submission that kills its kernel: 0, "not graded", and the others unharmed; one
     that calls the reference solution: 0 (grading runs without it). No process is left."""
     before = {p.pid for p in procs.leftover_ranks()}
     released = nbformat.read(course / "student" / "notebooks" / "03_async_p2p.ipynb", 4)
     subs = course / "collected"
-    for learner, answers in {"ada": {"ring_all_gather": RING_ALL_GATHER, "ring_all_reduce": RING_ALL_REDUCE},
+    for learner, answers in {"ada": {"pipelined_all_reduce": PIPELINED, "ring_all_gather": RING_ALL_GATHER,
+                                     "ring_all_reduce": RING_ALL_REDUCE},
                              "bob": {},
                              "cyd": {"ring_all_gather": DEADLOCKING_RING},
                              "dee": {"ring_all_gather": "import os\nos._exit(1)  # kills the kernel\n"},
@@ -125,11 +134,10 @@ def test_a_class_is_graded(course, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(row["learner"], row["exercise"]): row for row in csv.DictReader(open(course / "gradebook.csv"))}
     points = {k: float(v["points"]) for k, v in rows.items()}
-    assert points == {("ada", "check_ring_all_gather"): 3, ("ada", "check_ring_all_reduce"): 3,
-                      ("bob", "check_ring_all_gather"): 0, ("bob", "check_ring_all_reduce"): 0,
-                      ("cyd", "check_ring_all_gather"): 0, ("cyd", "check_ring_all_reduce"): 0,
-                      ("dee", "check_ring_all_gather"): 0, ("dee", "check_ring_all_reduce"): 0,
-                      ("eve", "check_ring_all_gather"): 0, ("eve", "check_ring_all_reduce"): 0}, r.stdout
+    assert points == {("ada", "check_pipelined_all_reduce"): 2, ("ada", "check_ring_all_gather"): 3,
+                      ("ada", "check_ring_all_reduce"): 3,
+                      **{(who, ex): 0 for who in ("bob", "cyd", "dee", "eve")
+                         for ex in ("check_pipelined_all_reduce", "check_ring_all_gather", "check_ring_all_reduce")}}, r.stdout
     assert rows["ada", "check_ring_all_gather"]["status"] == "passed"
     assert rows["bob", "check_ring_all_gather"]["status"] == "not attempted"
     assert "torch's dist.all_gather_into_tensor" in rows["bob", "check_ring_all_gather"]["reason"]
@@ -141,7 +149,7 @@ def test_a_class_is_graded(course, tmp_path):
     crashed = rows["dee", "check_ring_all_gather"]
     assert crashed["status"] == "not graded" and "the kernel died" in crashed["reason"]
     table = (course / "gradebook.md").read_text()
-    assert "6/6" in table and "0/6" in table and "not attempted" in table and "HINT" in table
+    assert "8/8" in table and "0/8" in table and "not attempted" in table and "HINT" in table
     untouched = nbformat.read(course / "autograded" / "bob" / "lab03" / "03_async_p2p.ipynb", 4)
     errors = [o for c in untouched.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert errors == [], "the untouched student edition must run end to end"

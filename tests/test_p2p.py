@@ -244,26 +244,20 @@ def _case(compute, transfer, e):
 
 
 def test_overlap_verdicts_follow_their_thresholds():
-    data = {"cases": [_case("matmul (bf16)", "send/recv (NCCL)", 0.8), _case("memory-bound (x)", "send/recv (NCCL)", 0.09),
+    data = {"cases": [_case("matmul (bf16)", "send/recv (NCCL)", 0.8), _case("memory-bound (x)", "send/recv (NCCL)", 0.8),
                       _case("matmul (bf16)", overlap.PEER_COPY, 0.1), _case("matmul (bf16)", overlap.PEER_MEMCPY, 0.79)],
             "profiles": {overlap.PEER_COPY: {"gpu": [{"name": "Memcpy PtoP", "engine": "copy engine"}],
                                              "runtime": {"cudaStreamWaitEvent": 2}},
                          overlap.PEER_MEMCPY: {"gpu": [], "runtime": {"cudaMemcpyAsync": 1}}}}
     verdicts = lab_claims.overlap_verdicts(data)
-    assert [v.verdict for v in verdicts] == ["TRUE", "FALSE", "PARTLY", "PARTLY", "TRUE", "TRUE"]
+    assert [v.verdict for v in verdicts] == ["TRUE", "PARTLY", "PARTLY", "TRUE", "TRUE"]
     data["profiles"][overlap.PEER_COPY]["gpu"].append({"name": "elementwise_kernel", "engine": "SMs"})
     data["profiles"][overlap.PEER_MEMCPY]["runtime"]["cudaStreamWaitEvent"] = 1
     assert [v.verdict for v in lab_claims.overlap_verdicts(data)][-2:] == ["FALSE", "FALSE"]
     assert len(lab_claims.overlap_verdicts({"cases": data["cases"][:1]})) == 1  # an older recording: fewer verdicts
 
 
-def test_ring_and_wait_verdicts_follow_their_thresholds():
-    d = {"size_bytes": [1 << 20, 1 << 28], "world_size": 2, "ring_ms": [0.16, 1.0], "collective_ms": [0.1, 1.0],
-         "ring_busbw_gbps": [5.0, 85.0], "collective_busbw_gbps": [10.0, 100.0], "host_busbw_gbps": [5.0, 10.0]}
-    assert [v.verdict for v in lab_claims.ring_verdicts(d)] == ["TRUE", "TRUE", "TRUE"]
-    d.update(ring_ms=[0.149, 1.0], ring_busbw_gbps=[5.0, 84.0], host_busbw_gbps=[5.1, 10.0])
-    assert [v.verdict for v in lab_claims.ring_verdicts(d)] == ["FALSE", "FALSE", "FALSE"]
-    assert len(lab_claims.ring_verdicts({**d, "host_busbw_gbps": []})) == 2
+def test_wait_verdicts_follow_their_thresholds():
     wait_data = {"wait_ms": 10.0, "sync_ms": 100.0, "after_wait_ok": True}
     assert [v.verdict for v in lab_claims.wait_verdicts(wait_data)] == ["TRUE", "TRUE"]
     assert [v.verdict for v in lab_claims.wait_verdicts({**wait_data, "wait_ms": 10.1, "after_wait_ok": False})] == [
@@ -379,8 +373,37 @@ def test_wait_blocks_the_host_on_gloo_and_races_are_real(gloo2):
     assert res[1]["send_race_fraction"] > 0
 
 
+def _serial_step(compute, transfer, side):  # waits before it computes: nothing in flight during compute
+    for w in transfer():
+        w.wait()
+    compute()
+
+
+def _never_waits(compute, transfer, side):
+    transfer()
+    compute()
+
+
+def _overlap_spans(rank, world_size, step):
+    """The notebook's all_reduce overlapped by ``step`` on gloo: (compute span, transfer span) of the last sample."""
+    x, a, b = torch.ones(1 << 14), torch.randn(64, 64), torch.randn(64, 64)
+    res = overlap.measure_overlap(lambda: torch.mm(a, b), lambda: [dist.all_reduce(x, async_op=True)], step,
+                                  warmup=0, repeat=2)
+    spans = {s["lane"]: s for s in res["spans"]}
+    return spans["overlapped: compute"], spans["overlapped: transfer"]
+
+
+def test_the_notebooks_step_computes_while_the_transfer_is_in_flight(gloo3):
+    for compute, transfer in gloo3.run(_overlap_spans, nb.overlapped_step):
+        assert transfer["end_ms"] >= compute["end_ms"]                 # waited for after computing
+    for compute, transfer in gloo3.run(_overlap_spans, _serial_step):   # the harness marks where the step waits
+        assert transfer["end_ms"] <= compute["end_ms"]                 # (compute's span starts with the step)
+    with pytest.raises(labutils.RankError, match=r"did not wait for the transfer.*HINT: works = transfer\(\)"):
+        gloo3.run(_overlap_spans, _never_waits)
+
+
 def test_overlap_experiment_code_path_on_gloo(gloo2):
-    data = gloo2.run(overlap.overlap_experiment, 1 << 16, 0, 2)[0]
+    data = gloo2.run(overlap.overlap_experiment, nb.overlapped_step, 1 << 16, 0, 2)[0]
     assert data["world_size"] == 2 and data["size_bytes"] == 1 << 16 and data["profiles"] == {}
     assert {(c["compute"], c["transfer"]) for c in data["cases"]} == {
         (c, t) for c in ("matmul", "memory-bound") for t in ("all_reduce (gloo)", "send/recv (gloo)")}
@@ -402,6 +425,18 @@ def test_ring_vs_collective_code_path_on_gloo(gloo3):
 # ---- checkers -----------------------------------------------------------------------------------
 def _stub(*args):
     raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def gloo4():
+    """Four gloo ranks: the checkers' rules must hold for any ring size, not just the notebook's 3."""
+    with labutils.RankPool(world_size=4, backend="gloo", output="quiet") as p:
+        yield p
+
+
+@pytest.fixture(params=[3, 4])
+def checkers(request, gloo3, gloo4):
+    return {3: gloo3, 4: gloo4}[request.param]
 
 
 def test_checker_stub_is_not_attempted_and_gets_torchs_collective_as_stand_in(capsys, gloo3):
@@ -432,9 +467,18 @@ def _my_ring_all_reduce(tensor):  # a learner's correct answer: reduce-scatter +
             q.wait()
 
 
-def test_checker_accepts_a_correct_answer_and_returns_it(capsys, gloo3):
-    assert check.ring_all_reduce(_my_ring_all_reduce, pool=gloo3) is _my_ring_all_reduce
-    assert capsys.readouterr().out.startswith("✓ ring all-reduce matches all_reduce on every rank")
+def test_checkers_accept_correct_rings_and_say_what_they_sent(capsys, checkers):
+    n = checkers.world_size
+    assert check.ring_all_reduce(_my_ring_all_reduce, pool=checkers) is _my_ring_all_reduce
+    assert check.ring_all_gather(solution.ring_all_gather, pool=checkers) is solution.ring_all_gather
+    reduce_line, gather_line = capsys.readouterr().out.splitlines()
+    assert reduce_line.startswith(f"✓ ring all-reduce matches all_reduce on every rank of {n}")
+    assert f"each rank sent {2 * (n - 1)} messages, all to its right neighbour" in reduce_line
+    size = 4 << 16   # the largest case: 65536 float32; rank 0 sends every chunk but (r+1)'s and (r+2)'s
+    sizes = [c.numel() * 4 for c in torch.empty(1 << 16).tensor_split(n)]
+    assert f"{2 * size - sizes[1] - sizes[2 % n]} B for S = {size} B (2(n-1)/n of S" in reduce_line
+    assert f"each rank sent {n - 1} messages" in gather_line
+    assert f"{(n - 1) * 250 * 8 * 4} B for S = {n * 250 * 8 * 4} B ((n-1)/n of S" in gather_line
 
 
 def _wrong_order(output, input):  # receives into the wrong chunk
@@ -455,29 +499,196 @@ def _never_writes(tensor):
     pass
 
 
+def _disguised_all_reduce(tensor):  # the right sum: the whole tensor to every peer, then add
+    r, n = dist.get_rank(), dist.get_world_size()
+    bufs = {p: torch.empty_like(tensor) for p in range(n) if p != r}
+    ops = [op for p, buf in bufs.items() for op in (dist.P2POp(dist.isend, tensor, p), dist.P2POp(dist.irecv, buf, p))]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    for buf in bufs.values():
+        tensor.add_(buf)
+
+
+def _whole_tensor_to_the_neighbour(tensor):  # the right sum, a ring of whole tensors: on 2 ranks it IS the ring
+    r, n = dist.get_rank(), dist.get_world_size()
+    passing, total = tensor.clone(), tensor.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(tensor)
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, passing, (r + 1) % n),
+                                         dist.P2POp(dist.irecv, incoming, (r - 1) % n)]):
+            q.wait()
+        total += incoming
+        passing = incoming
+    tensor.copy_(total)
+
+
+def _all_gather_to_everyone(output, input):  # the right result and the ring's bytes, but every peer
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    ops = [op for p in range(n) if p != r
+           for op in (dist.P2POp(dist.isend, chunks[r], p), dist.P2POp(dist.irecv, chunks[p], p))]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+
+
+def _ring_the_wrong_way(output, input):  # the right result: every chunk sent to the left neighbour
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    for s in range(n - 1):
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, chunks[(r + s) % n], (r - 1) % n),
+                                        dist.P2POp(dist.irecv, chunks[(r + s + 1) % n], (r + 1) % n)]):
+            q.wait()
+
+
+def _whole_output_each_step(output, input):  # the right result: the whole output buffer every step
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    incoming = torch.empty_like(output)
+    for s in range(n - 1):
+        for q in dist.batch_isend_irecv([dist.P2POp(dist.isend, output, (r + 1) % n),
+                                        dist.P2POp(dist.irecv, incoming, (r - 1) % n)]):
+            q.wait()
+        k = (r - s - 1) % n
+        chunks[k].copy_(incoming.view(n, -1)[k])
+
+
+def _two_messages_a_step(output, input):  # the right result and bytes, each chunk in two halves
+    r, n = dist.get_rank(), dist.get_world_size()
+    chunks = output.view(n, -1)
+    chunks[r].copy_(input.reshape(-1))
+    for s in range(n - 1):
+        send, recv = chunks[(r - s) % n].tensor_split(2), chunks[(r - s - 1) % n].tensor_split(2)
+        for q in dist.batch_isend_irecv([dist.P2POp(op, t, peer) for a, b in zip(send, recv)
+                                         for op, t, peer in ((dist.isend, a, (r + 1) % n), (dist.irecv, b, (r - 1) % n))]):
+            q.wait()
+
+
 @pytest.mark.parametrize("checker, fn, pattern", [
     (check.ring_all_gather, _wrong_order, r"chunk\(s\) \[.*\] differ from all_gather_into_tensor.*HINT: chunk k must hold"),
     (check.ring_all_gather, _uses_the_collective, r"raised RuntimeError.*called dist\.all_gather_into_tensor"),
     (check.ring_all_reduce, _never_writes, r"output was never written.*HINT: write the sums back"),
+    (check.ring_all_reduce, _disguised_all_reduce,
+     r"case \(65536,\) float32, rank 0 of \d: the result is right, but this rank sent 786432 B|"
+     r"case \(65536,\) float32, rank 0 of 3: the result is right, but this rank sent 524288 B in 2 message\(s\) "
+     r"to rank\(s\) \[1, 2\], 1\.50x the 349536 B a ring sends.*HINT: .*1\.50x the time.*costs \(n-1\) S per rank"),
+    (check.ring_all_reduce, _whole_tensor_to_the_neighbour, r"the result is right, but this rank sent \d+ B in \d "
+     r"message\(s\) to rank\(s\) \[1\], \d\.\d\dx the \d+ B a ring sends.*HINT: where the links limit"),
+    (check.ring_all_gather, _all_gather_to_everyone, r"rank 0 of \d: this rank sent to rank\(s\) \[1, 2.*\]; in a "
+     r"ring it sends only to its right neighbour, rank 1.*HINT: a ring uses the n links between neighbours"),
+    (check.ring_all_gather, _ring_the_wrong_way, r"rank 0 of (3: this rank sent to rank\(s\) \[2\]|4: this rank "
+     r"sent to rank\(s\) \[3\]); in a ring it sends only to its right neighbour, rank 1"),
+    (check.ring_all_gather, _whole_output_each_step, r"the result is right, but this rank sent \d+ B.*\d\.\d\dx "
+     r"the \d+ B a ring sends \(\(n-1\)/n of S, the gathered output.*HINT: .*Send chunks\[\(r - s\) % n\]"),
+    (check.ring_all_gather, _two_messages_a_step, r"this rank sent (4|6) and received (4|6) non-empty message\(s\); the "
+     r"ring has (2|3) steps, one message each way per step. HINT: one batch per step"),
 ])
-def test_checker_rejects_wrong_answers(checker, fn, pattern, gloo3):
+def test_checker_rejects_wrong_answers(checker, fn, pattern, checkers):
     with pytest.raises(ExerciseError, match=pattern):
-        checker(fn, pool=gloo3)
+        checker(fn, pool=checkers)
 
 
 def _deadlocks(output, input):
-    r = dist.get_rank()
-    dist.send(input.reshape(-1), dst=1 - r)  # blocking send on both ranks
-    dist.recv(output.view(2, -1)[1 - r], src=1 - r)
+    r, n = dist.get_rank(), dist.get_world_size()
+    dist.send(input.reshape(-1), dst=(r + 1) % n)  # a blocking send on every rank: nobody receives
+    dist.recv(output.view(n, -1)[(r - 1) % n], src=(r - 1) % n)
 
 
 def test_checker_turns_a_deadlock_into_a_hint(no_leaks):
     with pytest.raises(ExerciseError, match=r"did not finish within 8 s.*HINT: post each step's send and receive together"):
-        check.ring_all_gather(_deadlocks, backend="gloo", world_size=2, timeout=8)
+        check.ring_all_gather(_deadlocks, timeout=8)   # its own launch: 3 gloo ranks
 
 
-def test_checker_wants_a_function_and_one_way_to_run():
+def test_checker_wants_a_function_one_way_to_run_and_three_gloo_ranks(gloo2):
     with pytest.raises(ExerciseError, match="expected a function"):
         check.ring_all_reduce(42, backend="gloo")
     with pytest.raises(ValueError, match="either pool= or backend="):
         check.ring_all_gather(_stub, pool=object(), backend="gloo")
+    for bad in ({"pool": gloo2}, {"world_size": 2}, {"backend": "nccl"}):
+        with pytest.raises(ValueError, match=r"judges a ring on 3 or more gloo ranks.*HINT: on 2 ranks sending the "
+                                             r"whole tensor"):
+            check.ring_all_reduce(_my_ring_all_reduce, **bad)
+
+
+# ---- the overlap exercise: a pipelined all-reduce --------------------------------------------------------------
+def _pipelined(chunks, produce):  # a learner's correct answer
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for w in reversed(works):     # any order, once everything is produced
+        w.wait()
+
+
+def _blocking(chunks, produce):
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        dist.all_reduce(chunk)
+
+
+def _waits_at_once(chunks, produce):
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        dist.all_reduce(chunk, async_op=True).wait()
+
+
+def _starts_after_everything(chunks, produce):
+    for i in range(len(chunks)):
+        produce(i)
+    for w in [dist.all_reduce(chunk, async_op=True) for chunk in chunks]:
+        w.wait()
+
+
+def _never_waits_for_the_last(chunks, produce):
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for w in works[:-1]:
+        w.wait()
+    works[-1].is_completed()  # looked at, never waited for
+    dist.barrier()
+
+
+def _one_call_for_everything(chunks, produce):
+    for i in range(len(chunks)):
+        produce(i)
+    flat = torch.cat([c.reshape(-1) for c in chunks])
+    dist.all_reduce(flat, async_op=True).wait()
+    for c, part in zip(chunks, flat.split([c.numel() for c in chunks])):
+        c.copy_(part.view_as(c))
+
+
+def test_pipelined_all_reduce_three_states(capsys, checkers):
+    assert check.pipelined_all_reduce(_pipelined, pool=checkers) is None
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ pipelined all-reduce: every chunk summed on every rank of {checkers.world_size} "
+                          "(4 chunk(s), 1 chunk(s)); each chunk's all_reduce started right after it was produced")
+    check.pipelined_all_reduce(solution.pipelined_all_reduce, pool=checkers)
+    assert check.pipelined_all_reduce(_stub, pool=checkers) is None
+    out, err = capsys.readouterr()
+    assert out.startswith("✓ pipelined") and "not attempted: your pipelined all-reduce" in err and "solutions" not in err
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (_blocking, r"rank 0: an all_reduce was called without async_op=True. HINT: a blocking all_reduce returns only"),
+    (_waits_at_once, r"the work of chunk\(s\) \[0, 1, 2\] was waited for before the last chunk was produced\. "
+                     r"HINT: wait only once every chunk is produced"),
+    (_starts_after_everything, r"chunk 0's all_reduce started only after produce\(1\)\. HINT: start it right after "
+                               r"produce\(0\)"),
+    (_never_waits_for_the_last, r"4 chunk\(s\), rank 0: the work of chunk\(s\) \[3\] was never waited for"),
+    (_one_call_for_everything, r"it all-reduced 1 tensor\(s\) of \[5192\] B; the chunks are \[4000, 148, 1024, 20\] B\. "
+                               r"HINT: all-reduce each chunk itself, in place"),
+])
+def test_pipelined_all_reduce_rejects_wrong_answers(fn, pattern, checkers):
+    with pytest.raises(ExerciseError, match=pattern):
+        check.pipelined_all_reduce(fn, pool=checkers)
+
+
+def test_pipelined_all_reduce_wants_three_gloo_ranks(gloo2):
+    with pytest.raises(ValueError, match=r"3 or more gloo ranks.*HINT"):
+        check.pipelined_all_reduce(_pipelined, pool=gloo2)
+    with pytest.raises(ExerciseError, match="expected a function"):
+        check.pipelined_all_reduce("my_fn")

@@ -7,6 +7,7 @@ a blocking ``dist.send`` on every rank does. The lab times them against NCCL
 
 * ``ring_all_gather(output, input, group=None)``: like ``dist.all_gather_into_tensor``.
 * ``ring_all_reduce(tensor, group=None)``: like ``dist.all_reduce`` (sum), in place.
+* ``pipelined_all_reduce(chunks, produce)``: each chunk all-reduced while the next one is produced.
 """
 from __future__ import annotations
 
@@ -77,3 +78,18 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
         chunks[(r - s - 1) % n].add_(into)  # stream-ordered after the receive by wait()
     for s in range(n - 1):
         _step(chunks[(r + 1 - s) % n], chunks[(r - s) % n], right, left, group)
+
+
+def pipelined_all_reduce(chunks: list, produce) -> None:
+    """Sum every chunk over the ranks, each chunk's all-reduce in flight while the next one is produced.
+
+    ``produce(i)`` writes chunk i; its all-reduce starts right after (``async_op=True``: the call returns at
+    once), so the transfer of chunk i overlaps the production of chunk i + 1. Every work is waited for at the
+    end, once nothing is left to overlap -- the pattern of DDP's gradient buckets during backward.
+    """
+    works = []
+    for i, chunk in enumerate(chunks):
+        produce(i)
+        works.append(dist.all_reduce(chunk, async_op=True))
+    for work in works:
+        work.wait()

@@ -13,18 +13,20 @@
 # 2. write the three correct exchanges (ordered send/recv, `batch_isend_irecv`, `all_gather_into_tensor`)
 #    and verify them bit for bit on every rank, on gloo and NCCL;
 # 3. know what `req.wait()` guarantees on CUDA (stream order, not the host);
-# 4. measure how much communication hides behind compute — NCCL kernels and copy-engine copies — and read
-#    from a profiler trace which engine a copy between GPUs runs on and what `copy_` makes it wait for; on one
-#    GPU, hide host <-> GPU copies on a side stream behind a matmul, and cause and fix the race a missing
-#    `wait_stream` leaves;
-# 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked against
-#    torch's collectives, and time the ring against NCCL and against no GPU library at all.
+# 4. run an overlapped step (the transfer on a side stream, compute, then wait) and measure how much
+#    communication hides behind compute — NCCL kernels and copy-engine copies; read from a profiler trace which
+#    engine a copy between GPUs runs on and what `copy_` makes it wait for; write a pipeline that keeps each
+#    chunk's all-reduce in flight while the next chunk is produced; on one GPU, hide host <-> GPU copies on a
+#    side stream behind a matmul, and cause and fix the race a missing `wait_stream` leaves;
+# 5. write a ring all-gather and a ring all-reduce from point-to-point operations, checked on three ranks
+#    against torch's collectives and against the ring's own messages and bytes, and time the ring against
+#    NCCL and against no GPU library at all.
 #
 # **GPUs:** 2 for the live path (NCCL); 1 for section 3b (streams and copies on one GPU). With fewer, every
 # correctness cell runs on gloo (CPU tensors) and every measurement that needs more GPUs than the machine has is
 # the recording made by this notebook's own code, labelled **RECORDED**.
 #
-# **Time:** 70 min of study (two exercises, six predictions); about 20 s to run on 2×H200, about 7 s on a
+# **Time:** 85 min of study (three exercises, six predictions); about 20 s to run on 2×H200, about 12 s on a
 # 2-core CPU.
 
 # %% tags=["nbval-ignore-output"]
@@ -211,13 +213,15 @@ EXCHANGE_RUNS = (repro.start(EXCHANGE_SCRIPT, VARIANTS, env={"NCCL_DEBUG": "WARN
 # ### 1b · CPU tensors handed to NCCL
 # The ranks for the rest of the lab start here, once: `POOL` (NCCL with one GPU per rank, else gloo)
 # keeps its processes between cells, so an experiment costs milliseconds instead of a launch. `GLOO` is a
-# pair of CPU ranks for what only gloo can run. `torch.randn(1000, 1000)` lives on the CPU; NCCL moves
+# pair of CPU ranks for what only gloo can run, and `CHECKERS` three CPU ranks for the exercises' checkers
+# (section 4 says why three). `torch.randn(1000, 1000)` lives on the CPU; NCCL moves
 # CUDA tensors only. Here is what NCCL says (live with 2 GPUs, else as recorded on 2×H200):
 
 # %% tags=["nbval-ignore-output"]
-POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # both start side by side; the first
+POOL = labutils.RankPool(backend=BACKEND, output="quiet", wait=False)   # all start side by side; the first
 GLOO = POOL if BACKEND == "gloo" and POOL.world_size == 2 else labutils.RankPool(  # task waits for its pool
     world_size=2, backend="gloo", output="quiet", wait=False)
+CHECKERS = labutils.RankPool(world_size=3, backend="gloo", output="quiet", wait=False)  # the exercises' ranks
 SRC_NCCL = recorded.live_or_recorded("03_source_on_nccl",
                                      lambda: exchange.attempt(POOL.run, exchange.source_as_written), gpus_needed=2)
 claims.show(CLAIMS["03_source_on_nccl"](SRC_NCCL.data), SRC_NCCL)
@@ -274,11 +278,11 @@ print(f"your prediction: {my_prediction_gpu}")
 
 # %% [markdown]
 # Nothing of those runs is left behind, whether it completed, crashed or hung — and neither is a rank
-# of the aborted 3-rank launch in 1c (the two pools stay until the end of the lab):
+# of the aborted 3-rank launch in 1c (the lab's pools stay until its end):
 
 # %%
 print(f"processes still running the reproducer: {len(repro.leftover_processes(EXCHANGE_SCRIPT))}")
-POOL_PIDS = set(POOL.status().pids) | set(GLOO.status().pids)
+POOL_PIDS = {pid for pool in (POOL, GLOO, CHECKERS) for pid in pool.status().pids}
 print(f"labutils rank processes besides the pools: {len(procs.leftover_ranks(ignore=POOL_PIDS))}")
 
 # %% [markdown]
@@ -491,7 +495,7 @@ plots.bar_plot(labels, values, ylabel="ms", annotate="{:.3g}", title=f"wait() un
 # which E counts as hidden (TRUE) and which as partly hidden (PARTLY): the upper threshold leaves room for
 # the few percent a sample varies; the lower one separates a real gain from none.
 #
-# `overlap.overlap_experiment` moves 256 MiB (float32) against two kinds of compute — a bf16 matmul that
+# The experiment moves 256 MiB (float32) against two kinds of compute — a bf16 matmul that
 # keeps every SM busy, and a memory-bound `x *= 1` over 256 MiB — each repeated `k` times, `k` picked from
 # one kernel's and one transfer's time so that compute alone comes close to the transfer alone (the table
 # prints both; E divides by the shorter). The transfers:
@@ -501,14 +505,42 @@ plots.bar_plot(labels, values, ylabel="ms", annotate="{:.3g}", title=f"wait() un
 #   issues, called directly (through ctypes), on every rank.
 #
 # Times are CUDA events on the streams that do the work, medians of 10 samples of the slowest rank.
+#
+# **The overlapped step** is the code below: the whole of what "while the data moves, the GPU can keep
+# computing" asks you to write. `transfer()` issues the transfer (`async_op=True`, or a copy) and returns
+# its works; `compute()` queues the compute on the current stream. On GPUs the step puts the transfer on a
+# side stream, so that waiting for it holds up that stream and not the compute, and makes the current
+# stream wait for the side stream only at the end, where the data is needed. Under gloo there are no
+# streams: `wait()` blocks the host, so the step simply waits after computing. `overlap.overlap_experiment`
+# is the harness around it: it picks `k`, times compute alone, the transfer alone and the two back to back,
+# then runs this step, with marks where the step puts each part (the transfer it hands the step marks its
+# start and, at the last `wait()`, its end on the stream that waits; `compute` marks its own end).
+
+# %%
+def overlapped_step(compute, transfer, side):
+    """Start the transfer, compute while it is in flight, then wait for it. side: a CUDA stream, or None."""
+    if side is None:                   # CPU (gloo): the transfer progresses in gloo's own threads
+        works = transfer()
+        compute()                      # the host computes meanwhile
+        for w in works:
+            w.wait()                   # blocks the host until the transfer is done
+        return
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)             # the transfer starts after what was issued before it
+    with torch.cuda.stream(side):
+        for w in transfer():           # NCCL's kernel, or a copy queued on `side`
+            w.wait()                   # `side` waits for NCCL's stream; the host goes on at once
+    compute()                          # queued on the current stream while the transfer runs
+    main.wait_stream(side)             # from here on, the current stream also waits for the transfer
+
 
 # %%
 my_prediction_efficiency = None   # ✍ E for matmul + NCCL all_reduce, a number between -1 and 1
 my_prediction_copy_efficiency = None   # ✍ E for matmul + peer copy_ on every rank (copy engines, no SMs)
 
 # %% tags=["nbval-ignore-output"]
-OV = recorded.live_or_recorded("03_overlap", lambda: POOL.run(overlap.overlap_experiment, OVERLAP_BYTES)[0],
-                               gpus_needed=2)
+OV = recorded.live_or_recorded("03_overlap", lambda: POOL.run(overlap.overlap_experiment, overlapped_step,
+                                                              OVERLAP_BYTES)[0], gpus_needed=2)
 cases = {f"{c['compute']} + {c['transfer']}": c for c in OV.data["cases"]}
 print(f"transfer: {bandwidth.format_size(OV.data['size_bytes'])} on {OV.data['world_size']} ranks ({OV.label})")
 display(pd.DataFrame.from_dict({name: {"k": c["k"], "compute (ms)": c["compute_ms"], "transfer (ms)": c["comm_ms"],
@@ -579,10 +611,12 @@ widgets.interact(show_case, case=widgets.Dropdown(
 #   them can only gain what the memory system has to spare: a small E is what that competition looks like.
 # * **copy engine + compute.** A copy engine needs no SMs, so a copy has nothing to share with a matmul
 #   but memory bandwidth, of which a matmul uses little; the `rank 0 only` and `cudaMemcpyAsync` verdicts test
-#   that. Its bytes still cross HBM — it reads this GPU's memory and writes the other GPU's — so next to
-#   a memory-bound kernel it competes like NCCL does, and more when both ranks copy (each GPU then also
-#   takes in the other's copy): the memory-bound rows of the table, one rank copying against both, show
-#   how much.
+#   that. Its bytes still cross HBM — it reads this GPU's memory and writes the other GPU's — but only at the
+#   rate the link between the GPUs carries them, a fraction of what HBM gives a kernel, and it takes no SM from
+#   the memory-bound kernel. An NCCL transfer takes both: SMs for its blocks, and HBM for every byte it moves
+#   through its own buffers. Whether that makes the difference is the verdict that puts every copy-engine case
+#   next to a memory-bound kernel against every NCCL case there (on the rank-0-only row, the other GPU takes in
+#   no copy: compare it with the rows where both ranks copy to see what the second direction costs).
 #
 # That leaves `copy_` on every rank behind a matmul: where it hides less than the bare `cudaMemcpyAsync` on
 # every rank, the difference is what `copy_` does around the copy. Which engine ran the copy, and which
@@ -627,6 +661,29 @@ if not PROFILES:
 # computes nothing in between. Overlap is something you arrange (issue the transfer early, give the GPU
 # independent work, synchronise only where the data is needed), and it pays only as far as the transfer
 # and the compute do not compete for SMs, memory bandwidth — or, with copies, for the streams they wait on.
+
+# %% [markdown]
+# ### 3a · Exercise 1: keep a transfer in flight while the next piece is computed
+# In training, the data to send is not ready all at once: backward produces the gradients layer by layer, and
+# data parallelism all-reduces each one. Write `my_pipelined_all_reduce(chunks, produce)`: `produce(i)` writes
+# chunk `i` (call it for `i = 0, 1, …` in order); afterwards every chunk must hold its sum over the ranks, as
+# `dist.all_reduce` leaves it. Arrange it so that each chunk's all-reduce is **in flight while the next chunk is
+# produced**: start it as soon as its chunk exists, without waiting, and wait only where the data is needed —
+# once the last chunk is produced. The checker runs your function on `CHECKERS`' three CPU ranks, with a log of
+# when each `all_reduce` is issued and each work waited for, and a ledger of what was sent; it judges the order
+# as well as the sums.
+
+# %% nbgrader={"grade": false, "grade_id": "pipelined_all_reduce", "locked": false, "schema_version": 3, "solution": true}
+def my_pipelined_all_reduce(chunks, produce):
+    """Sum every chunk over the ranks, in place; each chunk's all-reduce in flight while the next is produced."""
+    ### BEGIN SOLUTION
+    from labutils.solutions import lab03 as solution  # the instructor's edition runs the reference answer
+    solution.pipelined_all_reduce(chunks, produce)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "check_pipelined_all_reduce", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+check.pipelined_all_reduce(my_pipelined_all_reduce, pool=CHECKERS)
 
 # %% [markdown]
 # ### 3b · One GPU: copies beside a matmul, and a missing `wait_stream`
@@ -752,7 +809,7 @@ claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
 # orders them, and the one `wait_stream` puts it right whether the side stream was busy or not.
 
 # %% [markdown]
-# ## 4 · Exercise 1: a ring all-gather from isend/irecv
+# ## 4 · Exercise 2: a ring all-gather from isend/irecv
 # Ring all-gather on `n` ranks: rank `r` copies its input into chunk `r` of the output; then in step
 # `s = 0 … n-2` it sends chunk `(r - s) mod n` to rank `r + 1` and receives chunk `(r - s - 1) mod n`
 # from rank `r - 1`. After `n - 1` steps every chunk has gone round the ring; each rank has sent
@@ -762,6 +819,13 @@ claims.show(CLAIMS["03_one_gpu_streams"](ONE.data), ONE)
 # Write `my_ring_all_gather(output, input)` with the contract of `dist.all_gather_into_tensor`, using only
 # `dist.isend`/`dist.irecv` or `dist.batch_isend_irecv` (the checker switches the collectives off while
 # your function runs). Section 1 tells you how to post each step's send and receive.
+#
+# The checker runs your function on **three** CPU ranks (`CHECKERS`), whatever this machine has: on two,
+# "send everything to the other rank" *is* a ring, so a wrong algorithm with the right numbers would pass.
+# Besides the result it reads a ledger of what each rank sent (`labutils.instruments.ledger.Ledger`, inside
+# the ranks: torch's `CommDebugMode` does not see point-to-point operations) and judges the ring itself:
+# only sends and receives, every send to rank `r + 1` and every receive from `r - 1`, one message per step,
+# and no more bytes per rank than the ring's `(n-1)/n` of the output.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_all_gather", "locked": false, "schema_version": 3, "solution": true}
 def my_ring_all_gather(output, input):
@@ -774,15 +838,22 @@ def my_ring_all_gather(output, input):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_ring_all_gather", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=GLOO)
+ring_all_gather_fn = check.ring_all_gather(my_ring_all_gather, pool=CHECKERS)
 
 # %% [markdown]
-# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered
-# (nccl-tests method: warm-ups, 10 back-to-back calls per sample, median of 5, slowest rank) — and against the
-# same all-gather *without* NCCL (far slower, so one call per sample, median of 3): each rank copies its GPU
-# data to host memory, gloo gathers it over TCP, and the result is copied back to the GPU. That is what moving
-# GPU data between processes costs without a library made for GPUs: the comparison behind the source's tip 4.2,
-# "use an efficient library such as NCCL".
+# Now its bus bandwidth against NCCL's `all_gather_into_tensor` on the same buffers, 1 MiB to 256 MiB gathered,
+# and against the same all-gather *without* NCCL: each rank copies its GPU data to host memory, gloo gathers
+# it over TCP, and the result is copied back to the GPU. That is what moving GPU data between processes costs
+# without a library made for GPUs: the comparison behind the source's tip 4.2, "use an efficient library such
+# as NCCL".
+#
+# **How it is timed** (`timing.benchmark_collective`), and how that differs from nccl-tests. Both warm up, then
+# time calls issued back to back and divide by their number. nccl-tests (`src/common.cu`) reads a host clock
+# around its 20 calls, after synchronizing the stream, once per size, and by default reports the *average over
+# the ranks* (`-a 1`; `-a 3` reports the maximum). Here each sample of 10 calls is bracketed by CUDA events on
+# the current stream, after a barrier; the sample is the *slowest rank's* (what `-a 3` reports: a collective
+# is done when its last rank is), and the figure is the median of 5 samples. The host path is far slower:
+# one call per sample, median of 3.
 
 # %%
 my_prediction_ring_busbw = None   # ✍ GB/s bus bandwidth of your ring at 256 MiB on 2×H200
@@ -827,11 +898,13 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # the transfer itself, and what is left is the same data movement over the same NCCL connections: with 2
 # ranks the ring is one send/recv step each way, which is what NCCL's ring all-gather moves too. That
 # common limit — how fast NCCL's kernels move data over this link — is what the second verdict calls
-# "bound by the links"; lab 02 compares it with the link's own rate. The first two verdicts check both
-# ends, with thresholds stated in the rule.
+# "bound by the links"; lab 02 compares it with the link's own rate. The first two verdicts judge each end
+# on every size in it: "small" up to 4 MiB gathered, "large" from 64 MiB, limits fixed in the lab's code
+# before any measurement. 16 MiB, between them, is left to the table: where the cross-over falls depends on
+# the machine, and neither claim says.
 
 # %% [markdown]
-# ## 5 · Exercise 2: a ring all-reduce
+# ## 5 · Exercise 3: a ring all-reduce
 # All-reduce = reduce-scatter + all-gather (Patarasuk & Yuan, 2009). Split the flat tensor into `n`
 # chunks with `tensor.view(-1).tensor_split(n)` (every rank gets the same sizes, even when `n` does not
 # divide the size). **Reduce-scatter**, step `s = 0 … n-2`: send chunk `(r - s) mod n` to the right,
@@ -840,7 +913,10 @@ claims.show(CLAIMS["03_ring_vs_nccl"](rd), RING)
 # `(r + 1 - s) mod n`, receive chunk `(r - s) mod n`. Each rank sends `2 (n-1)/n` of the tensor:
 # nccl-tests' all_reduce bus factor.
 #
-# Write `my_ring_all_reduce(tensor)`: the contract of `dist.all_reduce(tensor)` (sum, in place).
+# Write `my_ring_all_reduce(tensor)`: the contract of `dist.all_reduce(tensor)` (sum, in place). The
+# checker judges it as it judged the all-gather, with the all-reduce's cost: `2 (n-1)` messages and
+# `2 (n-1)/n` of the tensor per rank. Sending the whole tensor to every peer and adding gives the same sum
+# and fails: it sends `(n-1)` tensors per rank, `n/2` times the ring's bytes, a gap that grows with the ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_all_reduce", "locked": false, "schema_version": 3, "solution": true}
 def my_ring_all_reduce(tensor):
@@ -853,7 +929,7 @@ def my_ring_all_reduce(tensor):
 
 
 # %% nbgrader={"grade": true, "grade_id": "check_ring_all_reduce", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=GLOO)
+ring_all_reduce_fn = check.ring_all_reduce(my_ring_all_reduce, pool=CHECKERS)
 
 # %% [markdown]
 # ## 6 · Summary: the source's claims, checked
@@ -883,5 +959,6 @@ claims.table(claims.judge(CLAIMS, SRC_NCCL, EXCHANGE, W, OV, ONE, RING))
 # %%
 if GLOO is not POOL:
     GLOO.close()
+CHECKERS.close()
 POOL.close()
 shutil.rmtree(SCRATCH, ignore_errors=True)

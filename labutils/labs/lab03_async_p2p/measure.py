@@ -1,4 +1,5 @@
-"""Lab 03's all-gather three ways, timed the nccl-tests way inside the ranks: a ring of point-to-point steps,
+"""Lab 03's all-gather three ways, timed inside the ranks with ``timing.benchmark_collective`` (back-to-back calls
+as nccl-tests times them, but CUDA events, the slowest rank, a median of samples): a ring of point-to-point steps,
 NCCL's own collective, and (under NCCL) the same collective without NCCL -- gloo, through host memory.
 
 ``ring_vs_collective`` has the ``fn(rank, world_size, ...)`` form of ``labutils.launch`` / ``RankPool.run``

@@ -5,25 +5,27 @@
 the fraction of the shorter activity hidden behind the longer one (defined for this course):
 E = 1 when running both together takes max(t_compute, t_comm), E = 0 when it takes as long as back
 to back, E < 0 when together is *slower* than back to back (they compete for SMs or memory).
-The arithmetic is pure (``overlap_efficiency``); the measurement runs on every rank::
+The arithmetic is pure (``overlap_efficiency``). The overlapped step itself -- start the transfer,
+compute while it is in flight, then wait -- is the notebook's code (``overlapped_step(compute, transfer,
+side)``); this module is the sweep around it, on every rank::
 
-    labutils.launch(overlap.overlap_experiment, backend="nccl")     # >= 2 GPUs, ~1 s of work
+    POOL.run(overlap.overlap_experiment, overlapped_step)          # >= 2 GPUs, ~1 s of work
 
-The timed regions are bracketed by ``timing.Clock`` marks: on GPUs CUDA events on the streams that
-do the work; on CPU (gloo, for tests) ``time.perf_counter`` -- there a transfer's end is seen only
-at ``wait()``.
+It times compute alone, the transfer alone, the two back to back, and the notebook's step. The timed
+regions are bracketed by ``timing.Clock`` marks: on GPUs CUDA events on the streams that do the work; on
+CPU (gloo, for tests) ``time.perf_counter`` -- there a transfer's end is seen only at ``wait()``. The marks
+inside the step go where the step puts the work: ``transfer`` as handed to the step marks its start on the
+stream it is issued on and returns the works wrapped so that waiting for the last of them marks its end
+there; ``compute`` marks its end.
 
 The transfers: NCCL all_reduce and send/recv (kernels on the SMs), and a copy into a buffer on the next
 GPU done by the copy engines -- with ``Tensor.copy_`` on every rank, with ``copy_`` on rank 0 only, and as a
-bare ``cudaMemcpyAsync`` (``cuda_memcpy_async``, through ctypes) without the two-way stream barrier that
-``copy_`` adds between the devices (aten/src/ATen/native/cuda/Copy.cu). ``profile_transfer`` records with
-``torch.profiler`` which engine ran a copy and which CUDA runtime calls it made.
+bare ``cudaMemcpyAsync`` (``copies.cuda_memcpy_async``, through ctypes) without the two-way stream barrier
+that ``copy_`` adds between the devices (aten/src/ATen/native/cuda/Copy.cu). ``copies.profile_transfer``
+records with ``torch.profiler`` which engine ran a copy and which CUDA runtime calls it made.
 """
 from __future__ import annotations
 
-import collections
-import ctypes
-import functools
 import statistics
 from typing import Callable
 
@@ -31,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from ... import timing
-from ...instruments import profiler
 from ...config import rank_device
+from .copies import cuda_memcpy_async, profile_transfer, wait_all
 
 MAX_REPEATS = 64  # cap on k, the compute kernel's repeats (tiny CPU kernels would ask for thousands)
 
@@ -58,12 +60,46 @@ def describe_efficiency(e: float) -> str:
     return "no overlap" if e > -0.1 else "slower than back to back"
 
 
-def _wait(works) -> None:
-    for w in works or []:
-        w.wait()
+class _Waited:
+    """A transfer's work as the step sees it: ``wait()`` waits for the real work once, and the last of a
+    transfer's works to be waited marks the transfer's end on the stream that waits (the current one)."""
+
+    def __init__(self, work, transfer: "_Transfer"):
+        self.work, self.transfer, self.done = work, transfer, False
+
+    def wait(self, *args, **kwargs):
+        if not self.done:
+            self.done = True
+            if self.work is not None:   # a stream-ordered copy has no work: only the end mark
+                self.work.wait(*args, **kwargs)
+            self.transfer.waited()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work is None or self.work.is_completed()
 
 
-def _sample(mode: str, compute, transfer, clock: timing.Clock, side) -> dict:
+class _Transfer:
+    """``transfer`` as handed to a step: marks the start where it is issued, hands back ``_Waited`` works."""
+
+    def __init__(self, transfer: Callable[[], list], clock: timing.Clock):
+        self.transfer, self.clock, self.marks, self.left = transfer, clock, [], 0
+
+    def __call__(self) -> list:
+        if self.marks:
+            raise RuntimeError("the step issued the transfer twice. HINT: call transfer() once per step.")
+        self.marks.append(self.clock.mark())
+        works = [_Waited(w, self) for w in (self.transfer() or [])] or [_Waited(None, self)]
+        self.left = len(works)
+        return works
+
+    def waited(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.marks.append(self.clock.mark())
+
+
+def _sample(mode: str, compute, transfer, clock: timing.Clock, side, step) -> dict:
     """One timed run; returns ``{"compute"|"comm"|"total": (mark, mark)}``."""
     a = clock.mark()
     if mode == "compute":
@@ -71,41 +107,42 @@ def _sample(mode: str, compute, transfer, clock: timing.Clock, side) -> dict:
         b = clock.mark()
         return {"compute": (a, b), "total": (a, b)}
     if mode == "comm":
-        _wait(transfer())
+        wait_all(transfer())
         b = clock.mark()
         return {"comm": (a, b), "total": (a, b)}
     if mode == "serial":
         compute()
         b = clock.mark()
-        _wait(transfer())
+        wait_all(transfer())
         c = clock.mark()
         return {"compute": (a, b), "comm": (b, c), "total": (a, c)}
-    if clock.on_gpu:  # overlapped: the transfer on its own stream, compute on the current one
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            m0 = clock.mark()
-            _wait(transfer())  # the side stream waits for NCCL's; the host does not
-            m1 = clock.mark()
+    seen, ends = _Transfer(transfer, clock), []   # overlapped: the notebook's step
+
+    def timed_compute():
         compute()
-        c1 = clock.mark()
-        torch.cuda.current_stream().wait_stream(side)
-        return {"compute": (a, c1), "comm": (m0, m1), "total": (a, clock.mark())}
-    works = transfer()  # gloo: runs in its own threads while the host computes
-    compute()
-    c1 = clock.mark()
-    _wait(works)
+        ends.append(clock.mark())
+
+    step(timed_compute, seen, side)
     e = clock.mark()
-    return {"compute": (a, c1), "comm": (a, e), "total": (a, e)}
+    if len(seen.marks) != 2 or len(ends) != 1:
+        did = ("never called transfer()" if not seen.marks else "did not wait for the transfer"
+               if len(seen.marks) == 1 else f"called compute() {len(ends)} times")
+        raise RuntimeError(f"the step must call transfer() once, compute() once, and wait for every work "
+                           f"transfer() returned; this one {did}. HINT: works = transfer(); compute(); then "
+                           "w.wait() for each work (on GPUs, the transfer and its waits on the side stream).")
+    return {"compute": (a, ends[0]), "comm": tuple(seen.marks), "total": (a, e)}
 
 
-def measure_overlap(compute: Callable[[], object], transfer: Callable[[], list], *, warmup: int = 3,
-                    repeat: int = 10, group=None) -> dict:
-    """Time compute alone, transfer alone, both back to back, and both overlapped (every rank).
+def measure_overlap(compute: Callable[[], object], transfer: Callable[[], list], step: Callable, *,
+                    warmup: int = 3, repeat: int = 10, group=None) -> dict:
+    """Time compute alone, transfer alone, both back to back, and both in ``step`` (every rank).
 
     Args:
         compute: issues the compute work on the current stream.
         transfer: issues the transfer with ``async_op=True`` and returns its works (or ``[]`` for
             stream-ordered work such as a peer copy).
+        step: the notebook's overlapped step, ``step(compute, transfer, side)``: ``side`` is a CUDA stream
+            for the transfer on GPUs, None on CPU.
 
     Returns:
         ``compute_ms``, ``comm_ms``, ``serial_ms``, ``overlapped_ms`` (medians over ``repeat``
@@ -120,7 +157,7 @@ def measure_overlap(compute: Callable[[], object], transfer: Callable[[], list],
         for i in range(warmup + repeat):
             clock.synchronize()
             dist.barrier(group=group)
-            marks = _sample(mode, compute, transfer, clock, side)
+            marks = _sample(mode, compute, transfer, clock, side, step)
             clock.synchronize()
             if i >= warmup:
                 mine.append(clock.elapsed_ms(*marks["total"]))
@@ -152,74 +189,6 @@ def _kernels(dev: torch.device) -> dict:
 PEER_COPY = "peer copy_, both ranks"
 PEER_COPY_ONE = "peer copy_, rank 0 only"
 PEER_MEMCPY = "peer cudaMemcpyAsync, both ranks (no barrier)"
-_RUNTIME_CALLS = ("cudaMemcpyAsync", "cudaMemcpyPeerAsync", "cudaEventRecord", "cudaStreamWaitEvent",
-                  "cudaLaunchKernel")
-
-
-@functools.lru_cache(maxsize=1)
-def _cudart():
-    """The CUDA runtime library torch already loaded (its file from /proc/self/maps, else by soname)."""
-    import torch
-    names = []
-    try:
-        with open("/proc/self/maps") as f:
-            names = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln.split()[-1]})
-    except OSError:
-        pass
-    names.append(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
-        raise RuntimeError(f"cannot load the CUDA runtime (tried {names}). HINT: this needs torch built for CUDA.")
-    lib.cudaMemcpyAsync.restype = ctypes.c_int
-    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    return lib
-
-
-def cuda_memcpy_async(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, current stream)``: the copy ``Tensor.copy_``
-    issues between two GPUs, without the events ``copy_`` records and waits for on both devices' current
-    streams. Both tensors contiguous, same size.
-
-    Raises:
-        ValueError: tensors not contiguous or of different sizes.
-        RuntimeError: the CUDA call failed.
-    """
-    nbytes = src.numel() * src.element_size()
-    if not (dst.is_contiguous() and src.is_contiguous()) or dst.numel() * dst.element_size() != nbytes:
-        raise ValueError("cuda_memcpy_async needs two contiguous tensors of the same size in bytes.")
-    rc = _cudart().cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, 4,  # 4 = cudaMemcpyDefault
-                                   torch.cuda.current_stream().cuda_stream)
-    if rc != 0:
-        raise RuntimeError(f"cudaMemcpyAsync returned CUDA error {rc}.")
-
-
-def profile_transfer(transfer: Callable[[], list]) -> dict:
-    """Run ``transfer`` once under ``torch.profiler`` (after one untimed call) and say what ran.
-
-    Returns:
-        ``{"gpu": [{"name", "engine", "device", "dur_us"}], "runtime": {call: count}}``: every GPU activity
-        (``engine`` "copy engine" for a ``Memcpy ...``, "SMs" for a kernel) and the CUDA runtime calls the
-        host made (``cudaEventRecordWithFlags`` counted as ``cudaEventRecord``).
-    """
-    _wait(transfer())
-    torch.cuda.synchronize()
-    doc = profiler.profile(lambda: _wait(transfer()), cpu=True)   # synchronised before the profile ends
-    gpu = [{"name": k["name"], "engine": "SMs" if k["kind"] in ("nccl", "compute") else "copy engine",
-            "device": k["device"], "dur_us": k["dur"]} for k in profiler.kernels(doc, copies=True)]
-    runtime = collections.Counter()
-    for e in profiler.events(doc):
-        if e.get("ph") == "X" and not str(e.get("cat", "")).startswith(("kernel", "gpu_")):  # host-side
-            call = "cudaEventRecord" if e["name"].startswith("cudaEventRecord") else e["name"]
-            if call in _RUNTIME_CALLS:
-                runtime[call] += 1
-    return {"gpu": gpu, "runtime": dict(sorted(runtime.items()))}
-
-
 def _transfers(rank: int, world_size: int, dev: torch.device, numel: int) -> dict:
     """Transfers of ``numel`` float32: NCCL all_reduce, a ring send/recv pair, and (GPUs only) a copy into a
     buffer on the next GPU by the copy engines: ``copy_`` on every rank, ``copy_`` on rank 0 only (the other
@@ -249,9 +218,10 @@ def _transfers(rank: int, world_size: int, dev: torch.device, numel: int) -> dic
     return out
 
 
-def overlap_experiment(rank: int, world_size: int, size_bytes: int = 256 << 20, warmup: int = 3,
+def overlap_experiment(rank: int, world_size: int, step: Callable, size_bytes: int = 256 << 20, warmup: int = 3,
                        repeat: int = 10) -> dict:
-    """Every (compute kind x transfer kind) case through ``measure_overlap``.
+    """Every (compute kind x transfer kind) case through ``measure_overlap``, overlapped by ``step`` (the
+    notebook's ``overlapped_step(compute, transfer, side)``).
 
     The transfer moves ``size_bytes`` (float32); the compute is one kernel repeated ``k`` times,
     ``k`` (at most ``MAX_REPEATS``) chosen so that compute alone lasts about as long as the
@@ -275,7 +245,7 @@ def overlap_experiment(rank: int, world_size: int, size_bytes: int = 256 << 20, 
                 a = clock.mark()
                 kernel()
                 b = clock.mark()
-                _wait(transfer())
+                wait_all(transfer())
                 c = clock.mark()
                 clock.synchronize()
                 times.append((clock.elapsed_ms(a, b), clock.elapsed_ms(b, c)))
@@ -283,7 +253,7 @@ def overlap_experiment(rank: int, world_size: int, size_bytes: int = 256 << 20, 
             k = torch.tensor([min(MAX_REPEATS, max(1, round(m_one / max(k_one, 1e-6))))], device=dev)
             dist.all_reduce(k, op=dist.ReduceOp.MAX)
             k = int(k.item())
-            res = measure_overlap(lambda: [kernel() for _ in range(k)], transfer, warmup=warmup,
+            res = measure_overlap(lambda: [kernel() for _ in range(k)], transfer, step, warmup=warmup,
                                   repeat=repeat)
             cases.append({"compute": c_name, "transfer": t_name, "k": k, **res})
     profiles = {name: profile_transfer(transfers[name]) for name in (PEER_COPY, PEER_MEMCPY)
