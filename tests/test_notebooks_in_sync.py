@@ -133,3 +133,16 @@ def test_instructors_plans_agree_with_the_syllabus_and_the_recorded_runs():
 
 def test_plan_labs_reads_ranges():
     assert _plan_labs("day one: 00–02 as above; day two: 06 capstone (50)") == ["00", "01", "02", "06"]
+
+
+def test_instructors_points_are_the_notebooks_points():
+    """INSTRUCTORS.md's 'cell with points (lab: points)' line is the sum of each lab's autograded cells."""
+    line = re.search(r"\(lab: points\) -- ([^.]+)\.", (ROOT / "INSTRUCTORS.md").read_text())
+    assert line, "INSTRUCTORS.md lost its points line"
+    stated = {lab: int(n) for lab, n in re.findall(r"(\d\d): (\d+)", line.group(1))}
+    counted = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        counted[path.stem[:2]] = sum(c.metadata.get("nbgrader", {}).get("points", 0) for c in nb.cells
+                                     if c.metadata.get("nbgrader", {}).get("grade"))
+    assert stated == counted, f"INSTRUCTORS.md says {stated}, the notebooks' autograded cells give {counted}"

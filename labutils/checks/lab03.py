@@ -35,7 +35,8 @@ from . import fail, passed, run_ranks, say_not_attempted, standin
 
 MIN_RANKS = 3      # on 2 ranks "the whole tensor to the neighbour, then add" is indistinguishable from a ring
 _FORBIDDEN = ("all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce",
-              "reduce_scatter_tensor", "reduce_scatter", "broadcast", "all_to_all_single")
+              "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter", "broadcast",
+              "all_to_all_single", "all_to_all", "reduce", "gather", "scatter")
 _AG_CASES = (((4,), "float32"), ((3, 5), "int64"), ((250, 8), "float32"))
 _AR_CASES = (((11,), "float32"), ((4, 6), "int64"), ((1 << 16,), "float32"))   # 11: uneven chunks
 DEADLOCK_HINT = ("post each step's send and receive together: dist.batch_isend_irecv([dist.P2POp("

@@ -21,7 +21,7 @@
 # runs live on gloo ranks and the measurement is the recording made by this notebook's own code, labelled
 # **RECORDED**.
 #
-# **Time:** 100 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 10 s on a
+# **Time:** 100 min of study (three exercises, five predictions); about 25 s to run on 2×H200, about 14 s on a
 # 2-core CPU.
 
 # %% [markdown]

@@ -15,7 +15,7 @@
 # GPUs than the machine has is shown as recorded by this notebook's own code, and labelled so.
 #
 # **Time:** 60 min of study (two exercises, four predictions); about 35 s to run on 2×H200 — it fails and hangs on purpose, with
-# short timeouts, and runs independent failures side by side — about 30 s on a 2-core CPU.
+# short timeouts, and runs independent failures side by side — about 40 s on a 2-core CPU.
 
 # %% [markdown]
 # ## Setup
