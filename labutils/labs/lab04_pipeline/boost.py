@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -130,6 +131,18 @@ def summary(samples: list[dict]) -> dict | None:
     return {**out, "samples": len(samples), "reason_share": share}
 
 
+def workload(cfg, dev) -> tuple[dict, Callable[[], None]]:
+    """The lab's one-GPU model on ``dev``: (``BENCH`` updated by ``cfg``, one forward-and-backward step)."""
+    cfg = {**BENCH, **(cfg or {})}
+    dtype, L, H, N = getattr(torch, cfg["dtype"]), cfg["n_layers"], cfg["hidden"], cfg["rows"]
+    full = nn.Sequential(*make_blocks(L, H, device=dev, dtype=dtype))
+    x, y = make_batch(N, H, device=dev, dtype=dtype)
+
+    def step():
+        F.mse_loss(full(x), y).backward()
+    return cfg, step
+
+
 def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
     """Part 1's one-GPU training step (``BENCH``'s model, forward + backward) back to back, then with the
     GPU resting one step's time before each step -- the duty of each GPU of the split -- with NVML read
@@ -139,14 +152,8 @@ def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
     ``rest_ms``, ``power_limit_w`` and ``nvml`` (``summary`` of the readings, back to back and rested;
     None where NVML cannot be read).
     """
-    cfg = {**BENCH, **(cfg or {})}
     dev = torch.device(device)
-    dtype, L, H, N = getattr(torch, cfg["dtype"]), cfg["n_layers"], cfg["hidden"], cfg["rows"]
-    full = nn.Sequential(*make_blocks(L, H, device=dev, dtype=dtype))
-    x, y = make_batch(N, H, device=dev, dtype=dtype)
-
-    def step():
-        F.mse_loss(full(x), y).backward()
+    cfg, step = workload(cfg, dev)
     clock = timing.Clock(dev)
     with nvml_probe(dev) if dev.type == "cuda" else contextlib.nullcontext() as probe:
         def read(end):  # NVML's clock, power and clock-event reasons while the timed call runs
@@ -208,13 +215,7 @@ def power_timeline(cfg=None, device="cuda:0", rest_s: float = TIMELINE_REST_S, r
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(f"power_timeline needs a CUDA device, got {device!r}. HINT: run it on a GPU machine; "
                            "elsewhere the notebook shows the recording.")
-    cfg = {**BENCH, **(cfg or {})}
-    dtype, L, H, N = getattr(torch, cfg["dtype"]), cfg["n_layers"], cfg["hidden"], cfg["rows"]
-    full = nn.Sequential(*make_blocks(L, H, device=dev, dtype=dtype))
-    x, y = make_batch(N, H, device=dev, dtype=dtype)
-
-    def step():
-        F.mse_loss(full(x), y).backward()
+    cfg, step = workload(cfg, dev)
     clock = timing.Clock(dev)
     for _ in range(cfg["warmup"]):
         step()
