@@ -28,7 +28,7 @@ import datetime as _dt
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 RECORD_ENV = "LABUTILS_RECORD"
 DIR_ENV = "LABUTILS_RECORDED_DIR"
@@ -188,6 +188,17 @@ def live_or_recorded(name: str, measure: Callable[[], dict], *, gpus_needed: int
           f"Showing results recorded by this lab's own code on {m.fingerprint} "
           f"({m.recorded_at[:10]}). They are not measurements of your machine.")
     return m
+
+
+def awaiting(table: Mapping) -> dict:
+    """The entries of ``table`` -- a lab's ``AWAITING_RECORDING``: recording name (or tuple of names) -> verdict
+    function, for measurements shown with ``live_or_none`` -- whose recordings all exist now. A lab's
+    ``CLAIMS`` takes them in (``CLAIMS.update(recorded.awaiting(AWAITING_RECORDING))``): a CLAIMS entry needs
+    its recording, and one made later joins by itself."""
+    def names(key):
+        return (key,) if isinstance(key, str) else tuple(key)
+    return {key: fn for key, fn in table.items()
+            if all((recorded_dir() / f"{n}.json").exists() for n in names(key))}
 
 
 def live_or_none(name: str, measure: Callable[[], dict], *, gpus_needed: int, shows: str,

@@ -96,3 +96,10 @@ def test_every_committed_gpu_recording_states_its_nccl_variables_or_that_they_we
             continue
         expected = hw.nccl_env_text(doc.get("nccl_env"))
         assert recorded.shown_fingerprint(doc).endswith(f" | {expected}"), path.name
+
+
+def test_awaiting_takes_the_entries_whose_recordings_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABUTILS_RECORDED_DIR", str(tmp_path))
+    recorded.save("xx_made", {"a": 1}, fingerprint="fp")
+    table = {"xx_made": len, "xx_missing": len, ("xx_made", "xx_missing"): len}
+    assert recorded.awaiting(table) == {"xx_made": len}

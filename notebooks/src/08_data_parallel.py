@@ -921,7 +921,7 @@ claims.show(lab_claims.fsdp_verdicts(FS), FSDP_M)
 # Every verdict of this lab, from the measurements above (live or recorded, as labelled):
 
 # %% tags=["nbval-ignore-output"]
-claims.table(claims.judge(lab_claims.CLAIMS | lab_claims.NOT_YET_RECORDED,
+claims.table(claims.judge(lab_claims.CLAIMS | lab_claims.AWAITING_RECORDING,
                           *[m for m in (BUILD_M, PLAIN_M, DDP_M, ZERO_M, FSDP_M) if m is not None]))
 
 # %% [markdown]

@@ -163,7 +163,7 @@ def measure_one_gpu(cfg=None, device="cuda:0") -> dict:
         rest_s = statistics.median(back_to_back) / 1e3
         rested, rested_readings = timed_steps(step, clock, 1, cfg["repeat"], rest_s=rest_s, read=read)
         limit = probe.power_limit_w() if probe is not None else None
-    del full, x, y
+    del step  # the model and batch live in its closure: free them before returning
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return {"config": cfg, "device": str(dev),
@@ -256,7 +256,7 @@ def power_timeline(cfg=None, device="cuda:0", rest_s: float = TIMELINE_REST_S, r
         clock.synchronize()
         steps["rested steps"] = [clock.elapsed_ms(a, b) for a, b in pairs]
         limit = probe.power_limit_w()
-    del full, x, y
+    del step  # the model and batch live in its closure: free them before returning
     torch.cuda.empty_cache()
     return {"config": cfg, "device": str(dev), "gpu": torch.cuda.get_device_name(dev), "rest_s": rest_s,
             "run_s": run_s, "period_s": period_s, "pause_ms": pause_s * 1e3, "power_limit_w": limit,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 
-from ... import bandwidth, claims
+from ... import bandwidth, claims, recorded
 from ...timing import summarize
 from . import analysis, power
 
@@ -238,10 +238,10 @@ def power_timeline_verdicts(td: dict) -> list[claims.Verdict]:
     return out
 
 
-# Verdicts of a measurement that has no recording yet: the notebook shows them once it is recorded (CLAIMS takes
-# them in when notebooks/recorded/04_power_timeline.json exists).
+# Measurements shown with recorded.live_or_none: judged in CLAIMS once a GPU run has recorded them.
 AWAITING_RECORDING = {"04_power_timeline": power_timeline_verdicts}
 
 
 CLAIMS = {"04_naive_one_process": naive_verdicts, "04_pipeline_bench": pipeline_verdicts,
           "04_boost_one_gpu": boost_verdicts}
+CLAIMS.update(recorded.awaiting(AWAITING_RECORDING))

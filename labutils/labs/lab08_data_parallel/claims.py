@@ -8,7 +8,7 @@ those verdicts say NOT MEASURED.
 """
 from __future__ import annotations
 
-from labutils import claims
+from labutils import claims, recorded
 
 from . import overlap
 from .memory import formula
@@ -271,10 +271,10 @@ def build_verdicts(data: dict) -> list[claims.Verdict]:
     return out
 
 
-# Verdict functions of measurements not recorded yet (``recorded.live_or_none``): judged where they run
-# live; they join CLAIMS -- whose every name tests/test_claims.py re-derives from notebooks/recorded/ --
-# once the 2xH200 run has recorded them.
-NOT_YET_RECORDED = {"08_build_ddp": build_verdicts}
+# Measurements shown with recorded.live_or_none: judged where they run live, and in CLAIMS -- whose every name
+# tests/test_claims.py re-derives from notebooks/recorded/ -- once a 2-GPU run has recorded them.
+AWAITING_RECORDING = {"08_build_ddp": build_verdicts}
 
 CLAIMS = {"08_ddp": ddp_verdicts, "08_zero": zero_verdicts, "08_fsdp": fsdp_verdicts,
           "08_plain_one_gpu": plain_verdicts}
+CLAIMS.update(recorded.awaiting(AWAITING_RECORDING))
