@@ -286,6 +286,17 @@ _ZERO_HINTS = {
 }
 
 
+def _judge_zero(results: list, hints: dict) -> None:
+    """Fail on the first rank whose ZeRO diagnosis is not "ok": an all-reduce with its own HINT, else the
+    ``(what, hint)`` that ``hints`` gives for the diagnosis."""
+    for r in results:
+        if r["diagnosis"] == "all_reduce":
+            fail(f"step {r['step']}: {_all_reduce_what(r)}", _ALL_REDUCE_HINT)
+        if r["diagnosis"] != "ok":
+            what, hint = hints[r["diagnosis"]]
+            fail(f"step {r['step']}: {what}", hint)
+
+
 def zero_step(fn, pool=None, timeout: float = 120.0):
     """``fn(params, shards, optimizer)`` must be one ZeRO-1 step: compared step by step (3 steps) with
     data parallelism by hand and the same AdamW on full parameters.
@@ -300,12 +311,7 @@ def zero_step(fn, pool=None, timeout: float = 120.0):
     if any(r["not_attempted"] for r in results):
         say_not_attempted("my_zero1_step", averaged_then_sharded_step.labutils_standin)
         return averaged_then_sharded_step
-    for r in results:
-        if r["diagnosis"] == "all_reduce":
-            fail(f"step {r['step']}: {_all_reduce_what(r)}", _ALL_REDUCE_HINT)
-        if r["diagnosis"] != "ok":
-            what, hint = _ZERO_HINTS[r["diagnosis"]]
-            fail(f"step {r['step']}: {what}", hint)
+    _judge_zero(results, _ZERO_HINTS)
     passed(f"your ZeRO-1 step == data parallelism with AdamW on {len(results)} ranks for 3 steps, "
            "with each rank's optimizer holding only its shards; on the wire, per rank: reduce-scatter "
            f"{results[0]['sharded_wire']} B + all-gather as much, no all-reduce")
@@ -360,12 +366,7 @@ def zero2_attach(fn, pool=None, timeout: float = 120.0):
     if any(r["not_attempted"] for r in results):
         say_not_attempted("my_zero2_attach", averaged_then_sliced_hooks.labutils_standin)
         return averaged_then_sliced_hooks
-    for r in results:
-        if r["diagnosis"] == "all_reduce":
-            fail(f"step {r['step']}: {_all_reduce_what(r)}", _ALL_REDUCE_HINT)
-        if r["diagnosis"] != "ok":
-            what, hint = _ZERO2_HINTS[r["diagnosis"]]
-            fail(f"step {r['step']}: {what}", hint)
+    _judge_zero(results, _ZERO2_HINTS)
     r = results[0]
     passed(f"your ZeRO-2 hooks == DDP with AdamW on {len(results)} ranks for 3 steps: {r['calls']['reduce_scatter']} "
            f"reduce-scatters during backward for {r['n_params']} parameters, {r['wire']['reduce_scatter']} B per rank "

@@ -271,8 +271,8 @@ pd.DataFrame([{"copy": kind, "alpha (us)": f["alpha_us"], "beta (GB/s)": f["beta
 # * *bandwidth-bound*: a claim about what a link carries is judged at every size where the copies are
 #   bandwidth-bound by their own fit, $S \ge 8\,n_{1/2}$ (there the model puts at most a ninth of the time in α);
 #   a claim stated without a size, at every size measured;
-# * *both directions, one at a time*: a symmetric link copies GPU0→GPU1 and GPU1→GPU0 equally fast, within
-#   run-to-run noise (10%). Each direction here is timed *alone*, so this tests symmetry only: whether the link
+# * *both directions, one at a time*: a symmetric link copies GPU0→GPU1 and GPU1→GPU0 equally fast; the rule
+#   allows 10% between them for run-to-run noise (an allowance, not a measurement of the noise). Each direction here is timed *alone*, so this tests symmetry only: whether the link
 #   carries both directions *at the same time* (full duplex) needs both copies at once — the two-way sweep after
 #   these verdicts;
 # * *the prediction*: fitted on every other size, the model should predict the size it left out (256 MiB,
@@ -448,8 +448,8 @@ def fit_alpha_beta(size_bytes, time_ms):
 check.fit_alpha_beta(fit_alpha_beta, peer.data["size_bytes"], peer.data["time_ms"]["cuda:0 -> cuda:1"])
 
 # %% [markdown]
-# **Use it**, on a size it has not seen: fitted on every size of the GPU0→GPU1 sweep but 256 MiB, it predicts the
-# 256 MiB copy (the last verdict of section 4 judges the library's fit the same way); the fit on every size is
+# **Use it**, on a size it has not seen: fitted on every size of the GPU0→GPU1 sweep but one (the size the last
+# prediction verdict holds out, `lab_claims.PREDICTED_SIZE`; the cell prints it), it predicts that copy (the last verdict of section 4 judges the library's fit the same way); the fit on every size is
 # next to the library's.
 
 # %% tags=["nbval-ignore-output"]
